@@ -1,0 +1,3 @@
+"""Gymnasium-style multi-turn tool environments."""
+
+from __future__ import annotations

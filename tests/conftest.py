@@ -1,0 +1,26 @@
+"""Shared fixtures. The tiny model is built once per run into a cache folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+CACHE = Path(os.environ.get("AGENT_RL_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "tests"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """Directory of the default tiny Qwen2 model + tokenizer (built on first use, then reused)."""
+    pytest.importorskip("torch", reason="the train extra is not installed")
+    from agent_rl.tiny_model import TinyModelSpec, build_tiny_model
+
+    out = CACHE / "tiny-model"
+    marker = out / "tiny_model_spec.json"
+    import json
+    from dataclasses import asdict
+
+    if not marker.exists() or json.loads(marker.read_text()) != asdict(TinyModelSpec()):
+        build_tiny_model(out)
+    return out
