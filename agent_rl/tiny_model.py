@@ -46,13 +46,46 @@ class TinyModelSpec:
 def _corpus(seed: int, n: int = 3000) -> list[str]:
     """Synthetic text in the shape of tool-use transcripts, so BPE merges cover digits and code."""
     rng = random.Random(seed)
-    words = ["print", "def", "return", "for", "in", "range", "import", "math", "sum", "pow", "len",
-             "answer", "boxed", "The", "is", "result", "Let", "compute", "python", "output", "if",
-             "else", "while", "True", "False", "None", "x", "y", "n", "%", "**", "==", "+", "-"]
+    words = [
+        "print",
+        "def",
+        "return",
+        "for",
+        "in",
+        "range",
+        "import",
+        "math",
+        "sum",
+        "pow",
+        "len",
+        "answer",
+        "boxed",
+        "The",
+        "is",
+        "result",
+        "Let",
+        "compute",
+        "python",
+        "output",
+        "if",
+        "else",
+        "while",
+        "True",
+        "False",
+        "None",
+        "x",
+        "y",
+        "n",
+        "%",
+        "**",
+        "==",
+        "+",
+        "-",
+    ]
     out = []
     for _ in range(n):
         parts = [rng.choice(words) for _ in range(rng.randint(3, 12))]
-        parts.append(str(rng.randint(0, 10**rng.randint(1, 12))))
+        parts.append(str(rng.randint(0, 10 ** rng.randint(1, 12))))
         out.append(" ".join(parts))
         out.append(f"```python\nprint({rng.randint(0, 999)} * {rng.randint(0, 999)})\n```")
         out.append(f"```output\n{rng.randint(0, 10**6)}\n```\n\\boxed{{{rng.randint(0, 10**6)}}}")

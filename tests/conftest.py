@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-CACHE = Path(os.environ.get("AGENT_RL_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "tests"))
+CACHE = Path(
+    os.environ.get("AGENT_RL_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "tests")
+)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,204 @@
+"""Typed configuration: YAML files validated into pydantic models, with `--set a.b=c` overrides.
+
+Why pydantic with `extra="forbid"`: a typo in a config key must stop the run before it wastes an
+hour of compute, and the error must name the key, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the key, value and expectation."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str | None = None
+    """A local model directory (tiny or a hub snapshot). None builds the offline tiny model."""
+    tiny_hidden_size: int = Field(64, ge=32)
+    """Sizes for the offline tiny model when `path` is None."""
+    tiny_layers: int = Field(2, ge=1)
+    tiny_heads: int = Field(2, ge=1)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    device: str = "cpu"
+    """'cpu', 'cuda' or 'cuda:N'."""
+
+
+class SandboxConfig(Section):
+    backend: Literal["local", "http", "docker"] = "local"
+    """local: in-process LocalSandbox (bubblewrap); http: a sandbox service at `url`; docker: one container per session."""
+    url: str | None = None
+    """Service URL for backend=http, e.g. http://127.0.0.1:8080 (comma-separated for several replicas)."""
+    token_env: str = "AGENT_RL_SANDBOX_TOKEN"
+    """Environment variable that holds the bearer token for backend=http."""
+    timeout_s: float = Field(5.0, gt=0)
+    """Wall-time limit per tool execution."""
+
+    @model_validator(mode="after")
+    def _url_for_http(self) -> SandboxConfig:
+        if self.backend == "http" and not self.url:
+            raise ValueError(
+                "backend 'http' needs sandbox.url (e.g. --set sandbox.url=http://127.0.0.1:8080)"
+            )
+        return self
+
+
+class EnvConfig(Section):
+    id: str = "agent_rl/PythonMath-v0"
+    """A registered Gymnasium id (`ns/Name-vN`)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments passed to `gymnasium.make`."""
+    eval_tasks: int = Field(64, ge=0)
+    """Held-out tasks scored greedily at the start and end of training (0 = none)."""
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf", "vllm"] = "hf"
+    prompts_per_step: int = Field(8, ge=1)
+    """B: distinct prompts per training step."""
+    group_size: int = Field(4, ge=1)
+    """N: samples per prompt; the group over which baselines are formed."""
+    max_turns: int = Field(4, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
+    """Per assistant turn."""
+    max_total_tokens: int = Field(512, ge=16)
+    """Per trajectory, prompt included."""
+    max_tool_tokens: int = Field(64, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+
+class AlgoConfig(Section):
+    estimator: str = "tir_otb"
+    """Advantage estimator by registry name: otb, tir_otb, grpo, rloo, opo, reinforce, exact_optimal."""
+    estimator_options: dict[str, Any] = Field(default_factory=dict)
+    clip_eps: float = Field(0.2, gt=0)
+    """PPO clip range epsilon."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 (None disables)."""
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the KL penalty to the initial (reference) policy; 0 skips the reference model."""
+    entropy_coef: float = Field(0.0, ge=0)
+    ppo_epochs: int = Field(1, ge=1)
+    minibatches: int = Field(1, ge=1)
+    """Optimiser steps per rollout batch (per epoch)."""
+    micro_batch_size: int = Field(16, ge=1)
+    """Sequences per forward/backward; gradients accumulate over a minibatch."""
+
+
+class WarmupConfig(Section):
+    steps: int = Field(0, ge=0)
+    """Supervised steps on scripted tool-use demonstrations before RL (0 = none)."""
+    batch_size: int = Field(16, ge=1)
+    lr: float = Field(3e-3, gt=0)
+
+
+class TrainConfig(Section):
+    steps: int = Field(20, ge=0)
+    """RL steps (one rollout batch each)."""
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    warmup_lr_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up over this many optimiser steps."""
+    seed: int = 0
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a checkpoint every k RL steps (0 = only at the end)."""
+    grad_variance_every: int = Field(0, ge=0)
+    """Every k steps, measure exact per-sample gradient variance (small models only; 0 = never)."""
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
+
+
+class RunConfig(Section):
+    name: str = "run"
+    out_dir: str = "runs"
+    resume: bool = True
+    """Resume from the newest checkpoint in runs/<name> if one exists."""
+    progress: bool = True
+
+
+class Config(Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.out_dir) / self.run.name
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted!r}: {key!r} is a value, not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`a.b=c` -> ("a.b", yaml-parsed c), so `--set train.lr=1e-4` gives a float."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key.path=value")
+    key, raw = text.split("=", 1)
+    if not key.strip():
+        raise ConfigError(f"override {text!r} has an empty key")
+    return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{key}: unknown key (value {e['input']!r}); check the spelling against the docs")
+        else:
+            lines.append(f"{key}: got {e['input']!r}; {e['msg']}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def build_config(data: dict[str, Any] | None = None, overrides: list[str] | None = None) -> Config:
+    data = dict(data or {})
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _set_path(data, key, value)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_describe(err)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML file (or defaults when None), apply overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {str(path)!r} does not exist") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(loaded).__name__}")
+        data = loaded or {}
+    return build_config(data, overrides)
+
+
+def dump_config(config: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
