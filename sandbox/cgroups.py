@@ -1,0 +1,122 @@
+"""Per-worker memory and pid cgroups, where the host lets us write them (v1 or v2).
+
+Rlimits are per process; a cgroup caps the whole session's tree (forks, tmpfs pages included) and
+tells us afterwards whether the kernel's OOM killer fired, which an exit status alone cannot.
+When nothing is writable, ``CgroupManager.available`` is False and callers rely on rlimits only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+GROUP = "agent-rl-sandbox"
+
+
+class WorkerCgroup:
+    def __init__(self, dirs: dict[str, Path], version: int) -> None:
+        self.dirs = dirs
+        self.version = version
+
+    def add(self, pid: int) -> None:
+        for d in self.dirs.values():
+            (d / "cgroup.procs").write_text(str(pid))
+
+    def oom_killed(self) -> bool:
+        d = self.dirs.get("memory")
+        if d is None:
+            return False
+        try:
+            if self.version == 1:
+                for line in (d / "memory.oom_control").read_text().splitlines():
+                    if line.startswith("oom_kill ") and int(line.split()[1]) > 0:
+                        return True
+                return int((d / "memory.failcnt").read_text()) > 0
+            for line in (d / "memory.events").read_text().splitlines():
+                if line.startswith("oom_kill ") and int(line.split()[1]) > 0:
+                    return True
+        except (OSError, ValueError):
+            return False
+        return False
+
+    def kill_all(self) -> None:
+        """SIGKILL everything left in the group (belt and braces after the namespace is gone)."""
+        for d in self.dirs.values():
+            with contextlib.suppress(OSError, ValueError):
+                for pid in (d / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(OSError):
+                        os.kill(int(pid), 9)
+
+    def remove(self) -> None:
+        for d in self.dirs.values():
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)  # tasks are still exiting
+
+
+class CgroupManager:
+    def __init__(self, enabled: bool = True) -> None:
+        self.version = 0
+        self.parents: dict[str, Path] = {}
+        if not enabled:
+            return
+        with contextlib.suppress(OSError):
+            self._detect()
+
+    @property
+    def available(self) -> bool:
+        return bool(self.parents)
+
+    def _detect(self) -> None:
+        v1 = {c: ROOT / c for c in ("memory", "pids") if (ROOT / c / "cgroup.procs").exists()}
+        if v1 and all(os.access(p, os.W_OK) for p in v1.values()):
+            for c, p in v1.items():
+                (p / GROUP).mkdir(exist_ok=True)
+                self.parents[c] = p / GROUP
+            self.version = 1
+            return
+        controllers = ROOT / "cgroup.controllers"
+        if controllers.exists() and os.access(ROOT, os.W_OK):
+            have = set(controllers.read_text().split())
+            if {"memory", "pids"} <= have:
+                parent = ROOT / GROUP
+                parent.mkdir(exist_ok=True)
+                (ROOT / "cgroup.subtree_control").write_text("+memory +pids")
+                (parent / "cgroup.subtree_control").write_text("+memory +pids")
+                self.parents = {"unified": parent}
+                self.version = 2
+
+    def create(self, name: str, memory_bytes: int, pids: int) -> WorkerCgroup | None:
+        if not self.available:
+            return None
+        dirs: dict[str, Path] = {}
+        try:
+            if self.version == 1:
+                dirs["memory"] = self.parents["memory"] / name
+                dirs["pids"] = self.parents["pids"] / name
+                for d in dirs.values():
+                    d.mkdir(exist_ok=True)
+                (dirs["memory"] / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                with contextlib.suppress(OSError):
+                    (dirs["memory"] / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+                (dirs["pids"] / "pids.max").write_text(str(pids))
+            else:
+                d = self.parents["unified"] / name
+                d.mkdir(exist_ok=True)
+                (d / "memory.max").write_text(str(memory_bytes))
+                with contextlib.suppress(OSError):
+                    (d / "memory.swap.max").write_text("0")
+                (d / "pids.max").write_text(str(pids))
+                dirs = {"memory": d}
+        except OSError:
+            WorkerCgroup(dirs, self.version).remove()
+            return None
+        return WorkerCgroup(dirs, self.version)

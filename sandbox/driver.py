@@ -1,0 +1,151 @@
+"""A session's driver: runs cells on one worker and replaces the worker after any limit or crash.
+
+It knows nothing about how the worker was started. Anything with a ``WorkerChannel`` and the
+three methods of ``WorkerHandle`` can be driven: a bubblewrap process (``sandbox.launcher``) or a
+Docker container attached over stdio. The driver turns every way a worker can fail (no reply in
+time, EOF, garbage on the wire, SIGXCPU, the OOM killer) into an ``ExecResult`` that says which
+limit fired, and marks ``session_restarted`` when the next cell will run in a fresh worker.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from sandbox.limits import Limits
+from sandbox.protocol import ChannelError, ChannelTimeout, WorkerChannel, exec_request, result_from_reply
+from sandbox.result import ExecError, ExecResult, SandboxUnavailable
+
+
+class WorkerHandle(Protocol):
+    channel: WorkerChannel
+
+    def kill(self) -> None:
+        """Kill and reap the worker's whole process tree; idempotent."""
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """Exit status (128+signal for signals), or None while still running."""
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel's OOM killer fired inside this worker's memory cgroup."""
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def classify_death(rc: int | None, oom: bool, limits: Limits) -> ExecResult:
+    """Explain a worker that stopped answering mid-cell."""
+    r = ExecResult(session_restarted=True, exit_code=rc)
+    if oom:
+        r.memory_exceeded, r.limit = True, "memory"
+        r.error = ExecError("MemoryError", f"memory limit of {limits.memory_mb} MB exceeded (OOM kill)")
+    elif rc == 128 + signal.SIGXCPU:
+        r.limit = "cpu_time"
+        r.error = ExecError("CpuTimeExceeded", f"CPU time limit of {limits.cpu_s:g} s exceeded")
+    elif rc is None:
+        r.error = ExecError("WorkerLost", "the worker stopped responding")
+    elif rc > 128:
+        r.error = ExecError("WorkerCrashed", f"the worker died from {_signal_name(rc - 128)}", exit_code=rc)
+    elif rc != 0:
+        r.error = ExecError("WorkerExited", f"the worker exited with status {rc}", exit_code=rc)
+    return r
+
+
+class SessionCore:
+    """Serialises a session's cells onto its current worker (thread-safe)."""
+
+    def __init__(
+        self,
+        acquire: Callable[[], WorkerHandle],
+        release: Callable[[WorkerHandle], None],
+        limits: Limits,
+    ) -> None:
+        self._acquire = acquire
+        self._release = release
+        self.limits = limits
+        self.worker: WorkerHandle | None = None
+        self.closed = False
+        self.restarts = 0
+        self.executions = 0
+        self.last_used = time.monotonic()
+        self._lock = threading.Lock()
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def ensure_worker(self) -> WorkerHandle:
+        if self.worker is None:
+            self.worker = self._acquire()
+        return self.worker
+
+    def run(
+        self,
+        code: str,
+        limits: Limits | None = None,
+        *,
+        want_value: bool = True,
+        stdin: str | None = None,
+        files: dict[str, str] | None = None,
+    ) -> ExecResult:
+        limits = limits or self.limits
+        with self._lock:
+            if self.closed:
+                raise SandboxUnavailable("session is closed")
+            self.last_used = time.monotonic()
+            worker = self.ensure_worker()
+            t0 = time.perf_counter()
+            try:
+                if files:
+                    reply = worker.channel.request({"op": "put_files", "files": files}, limits.wall_s)
+                    if reply.get("error"):
+                        return result_from_reply(reply, time.perf_counter() - t0)
+                reply = worker.channel.request(
+                    exec_request(code, limits, want_value=want_value, stdin=stdin), limits.wall_s
+                )
+            except ChannelTimeout:
+                result = ExecResult(
+                    timed_out=True,
+                    limit="wall_time",
+                    session_restarted=True,
+                    error=ExecError(
+                        "TimeoutError", f"execution exceeded the {limits.wall_s:g} s wall-time limit"
+                    ),
+                )
+                self._drop_worker()
+            except ChannelError:
+                rc = worker.wait_exit(1.0)
+                result = classify_death(rc, worker.oom_killed(), limits)
+                self._drop_worker()
+            else:
+                result = result_from_reply(reply, 0.0)
+                if reply.get("restart"):
+                    result.session_restarted = True
+                    self._drop_worker()
+            result.duration_s = time.perf_counter() - t0
+            self.executions += 1
+            self.last_used = time.monotonic()
+            return result
+
+    def _drop_worker(self) -> None:
+        worker, self.worker = self.worker, None
+        self.restarts += 1
+        if worker is not None:
+            worker.kill()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            worker, self.worker = self.worker, None
+        if worker is not None:
+            self._release(worker)
+
+    def stats(self) -> dict[str, Any]:
+        return {"executions": self.executions, "restarts": self.restarts}

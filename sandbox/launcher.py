@@ -1,0 +1,325 @@
+"""Start one worker process confined by bubblewrap (or, as a loud fallback, by rlimits only).
+
+What is covered: new user/pid/net/ipc/uts/cgroup namespaces; a read-only /usr and a few /etc
+files; private tmpfs /workspace and /tmp with a size quota; no host home, secrets or environment
+(``--clearenv``, and the bwrap process itself starts with an empty environment); a distinct
+unprivileged uid per worker when we run as root (so RLIMIT_NPROC is per session); memory and pid
+cgroups where writable; ``--die-with-parent``. Killing a worker kills the pid namespace's init, so
+the kernel kills and reaps every process in it.
+
+What is not covered: seccomp filtering, CPU shares, and GPU devices. The rlimits fallback (no
+bubblewrap) shares the host's filesystem view and network with the executed code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandbox.cgroups import CgroupManager, WorkerCgroup
+from sandbox.limits import Limits
+from sandbox.protocol import ChannelError, WorkerChannel
+from sandbox.result import SandboxUnavailable
+
+log = logging.getLogger("sandbox")
+
+WORKER_PATH = Path(__file__).with_name("worker.py")
+_ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/alternatives", "/etc/mime.types")
+_counter = itertools.count()
+
+
+def default_python() -> str:
+    """An interpreter any uid can execute: Debian's /usr/bin/python3 when it exists."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which("python3") or "python3"
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+@dataclass
+class LaunchConfig:
+    """How workers are started; shared by every worker of one LocalSandbox or server."""
+
+    python: str = field(default_factory=default_python)
+    isolation: str = "bwrap"
+    """"bwrap" (namespaces) or "rlimits" (fallback: limits only, no filesystem/network isolation)."""
+    uid_base: int = 200_000
+    """First host uid handed to workers when running as root; each live worker gets its own."""
+    uid_count: int = 10_000
+    cgroups: bool = True
+    extra_ro_binds: tuple[str, ...] = ()
+    """Host paths bound read-only at the same place (e.g. a venv whose python the workers run)."""
+    start_timeout_s: float = 20.0
+
+
+class UidAllocator:
+    """Hands out distinct host uids so per-uid limits (RLIMIT_NPROC) are per worker."""
+
+    def __init__(self, base: int, count: int) -> None:
+        self._free = list(range(base + count - 1, base - 1, -1))
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise SandboxUnavailable("no free sandbox uid: too many live workers")
+            return self._free.pop()
+
+    def give(self, uid: int) -> None:
+        with self._lock:
+            self._free.append(uid)
+
+
+class Launcher:
+    def __init__(self, config: LaunchConfig) -> None:
+        self.config = config
+        self.is_root = os.geteuid() == 0
+        self.uids = UidAllocator(config.uid_base, config.uid_count) if self.is_root else None
+        self.cgroups = CgroupManager(enabled=config.cgroups and config.isolation == "bwrap")
+        self._worker_source = WORKER_PATH.read_text()
+        if config.isolation == "bwrap" and not bwrap_path():
+            raise SandboxUnavailable("bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap")
+
+    def spawn(self, limits: Limits) -> WorkerProcess:
+        uid = self.uids.take() if self.uids else None
+        try:
+            return WorkerProcess(self, limits, uid)
+        except BaseException:
+            if uid is not None and self.uids:
+                self.uids.give(uid)
+            raise
+
+    def worker_config(self, limits: Limits, workdir: str) -> dict[str, object]:
+        return {
+            "memory_bytes": limits.memory_mb << 20,
+            # The uid is private to this worker, so its count is this session's processes + threads;
+            # a few extra cover the worker's own capture thread and bubblewrap's init.
+            "nproc": limits.processes + 4,
+            "nofile": limits.open_files,
+            "fsize_bytes": limits.file_size_mb << 20,
+            "session_cpu_s": limits.session_cpu_s,
+            "own_pid_namespace": self.config.isolation == "bwrap",
+            "workdir": workdir,
+        }
+
+    def bwrap_argv(self, limits: Limits, info_fd: int, block_fd: int) -> list[str]:
+        disk = str(limits.disk_mb << 20)
+        argv = [
+            bwrap_path() or "bwrap",
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+            "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
+            "--setenv", "HOME", "/workspace",
+            "--setenv", "TMPDIR", "/tmp",
+            "--setenv", "LANG", "C.UTF-8",
+            "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+            "--hostname", "sandbox",
+            "--ro-bind", "/usr", "/usr",
+        ]  # fmt: skip
+        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            if os.path.islink(top):
+                argv += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                argv += ["--ro-bind", top, top]
+        for path in (*_ETC_FILES, *self.config.extra_ro_binds):
+            argv += ["--ro-bind-try", path, path]
+        python_dir = os.path.dirname(os.path.realpath(self.config.python))
+        if not python_dir.startswith("/usr/"):
+            argv += ["--ro-bind-try", python_dir, python_dir]
+        argv += [
+            "--proc", "/proc",
+            "--dev", "/dev",
+            "--size", disk, "--tmpfs", "/tmp",
+            "--size", disk, "--tmpfs", "/workspace",
+            "--chdir", "/workspace",
+            "--cap-drop", "ALL",
+            "--info-fd", str(info_fd),
+            "--block-fd", str(block_fd),
+        ]  # fmt: skip
+        return argv
+
+
+class WorkerProcess:
+    """One running worker; ``kill`` is idempotent and leaves no process, zombie, uid or cgroup behind."""
+
+    def __init__(self, launcher: Launcher, limits: Limits, uid: int | None) -> None:
+        self.launcher = launcher
+        self.limits = limits
+        self.uid = uid
+        self.cgroup: WorkerCgroup | None = None
+        self.ns_init_pid: int | None = None
+        self.workdir_host: str | None = None
+        self._killed = False
+        self._lock = threading.Lock()
+        self.name = f"w{os.getpid()}-{next(_counter)}"
+        cfg = launcher.config
+        src = launcher._worker_source
+        try:
+            if cfg.isolation == "bwrap":
+                self._start_bwrap(limits, src)
+            else:
+                self._start_plain(limits, src)
+            self.channel = WorkerChannel(self.proc.stdout.fileno(), self.proc.stdin.fileno())
+            ready = self.channel.recv(cfg.start_timeout_s)
+            if ready.get("op") != "ready":
+                raise SandboxUnavailable(f"worker sent {ready!r} instead of ready")
+            self.python_version = ready.get("python")
+        except ChannelError as e:
+            err = self._stderr_tail()
+            self.kill()
+            raise SandboxUnavailable(f"worker failed to start: {e}; stderr: {err}") from e
+        except BaseException:
+            self.kill()
+            raise
+
+    # -- start ------------------------------------------------------------------------------
+    def _popen_kwargs(self) -> dict[str, object]:
+        kw: dict[str, object] = {
+            "stdin": subprocess.PIPE,
+            "stdout": subprocess.PIPE,
+            "stderr": subprocess.PIPE,
+            "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            "start_new_session": True,
+            "bufsize": 0,
+        }
+        if self.uid is not None:
+            kw.update(user=self.uid, group=self.uid, extra_groups=[])
+        return kw
+
+    def _start_bwrap(self, limits: Limits, src: str) -> None:
+        launcher = self.launcher
+        info_r, info_w = os.pipe()
+        block_r, block_w = os.pipe()
+        try:
+            argv = launcher.bwrap_argv(limits, info_w, block_r)
+            config = launcher.worker_config(limits, "/workspace")
+            argv += [launcher.config.python, "-I", "-c", src, json.dumps(config)]
+            self.cgroup = launcher.cgroups.create(
+                self.name, (limits.memory_mb + 2 * limits.disk_mb) << 20, limits.processes + 8
+            )
+            self.proc = subprocess.Popen(argv, pass_fds=(info_w, block_r), **self._popen_kwargs())
+            os.close(info_w)
+            info_w = -1
+            os.close(block_r)
+            block_r = -1
+            info = _read_info(info_r, launcher.config.start_timeout_s)
+            self.ns_init_pid = int(info["child-pid"])
+            if self.cgroup is not None:
+                try:
+                    self.cgroup.add(self.ns_init_pid)
+                except OSError as e:
+                    log.warning("sandbox/cgroup: could not add worker to its cgroup: %s", e)
+            os.write(block_w, b"1")  # release the sandbox: everything it forks inherits the cgroup
+        finally:
+            for fd in (info_r, info_w, block_r, block_w):
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+
+    def _start_plain(self, limits: Limits, src: str) -> None:
+        self.workdir_host = tempfile.mkdtemp(prefix="agent-rl-sandbox-")
+        if self.uid is not None:
+            os.chown(self.workdir_host, self.uid, self.uid)
+        config = self.launcher.worker_config(limits, self.workdir_host)
+        argv = [self.launcher.config.python, "-I", "-c", src, json.dumps(config)]
+        kw = self._popen_kwargs()
+        kw["env"] = {**kw["env"], "HOME": self.workdir_host, "TMPDIR": self.workdir_host}  # type: ignore[dict-item]
+        self.proc = subprocess.Popen(argv, cwd=self.workdir_host, **kw)
+
+    def _stderr_tail(self) -> str:
+        with contextlib.suppress(Exception):
+            if self.proc.poll() is not None and self.proc.stderr is not None:
+                return self.proc.stderr.read()[-2000:].decode("utf-8", "replace")
+        return "<unavailable>"
+
+    # -- stop -------------------------------------------------------------------------------
+    def alive(self) -> bool:
+        return not self._killed and self.proc.poll() is None
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """The worker's exit status (128+signal for a signal), or None if it is still running."""
+        try:
+            rc = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        return 128 - rc if rc < 0 else rc
+
+    def oom_killed(self) -> bool:
+        return self.cgroup is not None and self.cgroup.oom_killed()
+
+    def kill(self) -> None:
+        with self._lock:
+            if self._killed:
+                return
+            self._killed = True
+        proc = getattr(self, "proc", None)
+        if proc is not None:
+            # Kill the namespace's init first: bubblewrap's monitor then reaps it and exits, and
+            # the kernel kills and reaps everything else in the pid namespace. Only while our child
+            # is unreaped are these pids guaranteed not to have been recycled.
+            if proc.poll() is None:
+                if self.ns_init_pid is not None:
+                    with contextlib.suppress(OSError):
+                        os.kill(self.ns_init_pid, signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            if self.cgroup is not None:
+                self.cgroup.kill_all()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(OSError):
+                    proc.kill()
+                proc.wait()
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                with contextlib.suppress(Exception):
+                    stream.close()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        if self.workdir_host:
+            shutil.rmtree(self.workdir_host, ignore_errors=True)
+        if self.uid is not None and self.launcher.uids:
+            self.launcher.uids.give(self.uid)
+            self.uid = None
+
+
+def _read_info(fd: int, timeout_s: float) -> dict[str, object]:
+    """Read bubblewrap's --info-fd JSON (written once the sandbox's init exists)."""
+    import select
+
+    deadline = time.monotonic() + timeout_s
+    buf = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise SandboxUnavailable("bubblewrap did not report its child pid")
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        buf += chunk
+        with contextlib.suppress(ValueError):
+            return json.loads(buf)
+    try:
+        return json.loads(buf)
+    except ValueError as e:
+        raise SandboxUnavailable(f"bubblewrap failed to start (info: {buf!r})") from e

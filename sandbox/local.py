@@ -1,0 +1,222 @@
+"""LocalSandbox: the sandbox in-process, with no server; the default for environments and tests.
+
+``LocalSandbox().session()`` hands out a warm worker from the pool; ``.run(code)`` is a one-shot in
+a fresh worker that is thrown away afterwards; ``.run_batch([...])`` runs one-shots concurrently.
+The HTTP server is a thin layer over this class, and ``Client``/``AsyncClient`` mirror its shape.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+from sandbox.driver import SessionCore
+from sandbox.launcher import LaunchConfig, Launcher, bwrap_path
+from sandbox.limits import DEFAULT_LIMITS, MAX_LIMITS, PER_EXECUTION, LimitError, Limits
+from sandbox.pool import WorkerPool
+from sandbox.result import ExecResult, SandboxUnavailable
+
+log = logging.getLogger("sandbox")
+
+ISOLATION_MODES = ("auto", "bwrap", "rlimits")
+
+
+def resolve_isolation(mode: str, require_isolation: bool) -> str:
+    """Pick bwrap when we can; fall back to rlimits loudly, or refuse when isolation is required."""
+    if mode not in ISOLATION_MODES:
+        raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {mode!r}")
+    if mode == "rlimits" and require_isolation:
+        raise SandboxUnavailable("isolation='rlimits' contradicts require_isolation=True")
+    if mode in ("auto", "bwrap") and bwrap_path():
+        return "bwrap"
+    if mode == "bwrap" or require_isolation:
+        raise SandboxUnavailable(
+            "bubblewrap is required but not installed: `apt-get install -y bubblewrap`, "
+            "or allow the weaker fallback with isolation='rlimits'"
+        )
+    if mode == "auto":
+        msg = (
+            "SANDBOX NOT ISOLATED: bubblewrap (bwrap) is not installed, so executed code runs with "
+            "rlimits only and can read host files and use the network. Install bubblewrap, or set "
+            "require_isolation=True to refuse to start."
+        )
+        log.warning("sandbox/isolation: %s", msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    return "rlimits"
+
+
+def exec_limits(base: Limits, maxima: Limits, timeout_s: float | None, overrides: dict[str, Any]) -> Limits:
+    """Per-execution limits: only wall_s, cpu_s and output_bytes may change between cells."""
+    bad = set(overrides) - PER_EXECUTION
+    if bad:
+        raise LimitError(
+            f"limits {sorted(bad)} are fixed per session; per execution you may set {sorted(PER_EXECUTION)}"
+        )
+    if timeout_s is not None:
+        overrides = {**overrides, "wall_s": timeout_s}
+    return base.updated(overrides, maxima)
+
+
+class LocalSession:
+    """One persistent interpreter; use as a context manager or call ``close``."""
+
+    def __init__(self, sandbox: LocalSandbox, core: SessionCore, session_id: str) -> None:
+        self.sandbox = sandbox
+        self.core = core
+        self.id = session_id
+
+    @property
+    def limits(self) -> Limits:
+        return self.core.limits
+
+    @property
+    def closed(self) -> bool:
+        return self.core.closed
+
+    def run(
+        self,
+        code: str,
+        *,
+        timeout_s: float | None = None,
+        want_value: bool = True,
+        stdin: str | None = None,
+        files: dict[str, str] | None = None,
+        **limits: Any,
+    ) -> ExecResult:
+        """Run one cell. ``files`` maps workspace paths to base64 content written before it runs."""
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        lim = exec_limits(self.core.limits, self.sandbox.max_limits, timeout_s, limits)
+        return self.core.run(code, lim, want_value=want_value, stdin=stdin, files=files)
+
+    def close(self) -> None:
+        self.core.close()
+        self.sandbox._forget(self.id)
+
+    def __enter__(self) -> LocalSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalSandbox:
+    """In-process sandbox: a warm pool of confined workers and the sessions that use them."""
+
+    def __init__(
+        self,
+        *,
+        limits: Limits | None = None,
+        max_limits: Limits | None = None,
+        pool_size: int = 2,
+        isolation: str = "auto",
+        require_isolation: bool = False,
+        launch: LaunchConfig | None = None,
+        batch_concurrency: int = 8,
+    ) -> None:
+        self.limits = limits or DEFAULT_LIMITS
+        self.max_limits = max_limits or MAX_LIMITS
+        launch = replace(launch or LaunchConfig(), isolation=resolve_isolation(isolation, require_isolation))
+        self.isolation = launch.isolation
+        self.launcher = Launcher(launch)
+        self.pool = WorkerPool(self.launcher, self.limits, pool_size)
+        self.batch_concurrency = batch_concurrency
+        self._sessions: dict[str, LocalSession] = {}
+        self._lock = threading.Lock()
+        self._batch_pool: ThreadPoolExecutor | None = None
+        self.closed = False
+
+    # -- sessions ---------------------------------------------------------------------------
+    def session(self, **limit_overrides: Any) -> LocalSession:
+        limits = self.limits.updated(limit_overrides, self.max_limits)
+        if self.closed:
+            raise SandboxUnavailable("the sandbox is closed")
+        core = SessionCore(lambda: self.pool.acquire(limits), self.pool.release, limits)
+        core.ensure_worker()  # fail now (SandboxUnavailable) rather than at the first run
+        sid = uuid.uuid4().hex
+        s = LocalSession(self, core, sid)
+        with self._lock:
+            self._sessions[sid] = s
+        return s
+
+    def get_session(self, session_id: str) -> LocalSession | None:
+        return self._sessions.get(session_id)
+
+    @property
+    def sessions(self) -> dict[str, LocalSession]:
+        return dict(self._sessions)
+
+    def _forget(self, session_id: str) -> None:
+        with self._lock:
+            self._sessions.pop(session_id, None)
+
+    # -- one-shot ---------------------------------------------------------------------------
+    def run(
+        self,
+        code: str,
+        *,
+        timeout_s: float | None = None,
+        stdin: str | None = None,
+        files: dict[str, str] | None = None,
+        want_value: bool = True,
+        **limit_overrides: Any,
+    ) -> ExecResult:
+        """Run ``code`` in a fresh worker that is discarded afterwards."""
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        per_exec = {k: v for k, v in limit_overrides.items() if k in PER_EXECUTION}
+        per_session = {k: v for k, v in limit_overrides.items() if k not in PER_EXECUTION}
+        limits = self.limits.updated(per_session, self.max_limits)
+        lim = exec_limits(limits, self.max_limits, timeout_s, per_exec)
+        core = SessionCore(lambda: self.pool.acquire(limits), self.pool.release, limits)
+        try:
+            result = core.run(code, lim, want_value=want_value, stdin=stdin, files=files)
+        finally:
+            core.close()
+        result.session_restarted = False  # nothing persists in a one-shot, so nothing was lost
+        return result
+
+    def run_batch(
+        self, codes: list[str], *, timeout_s: float | None = None, **limit_overrides: Any
+    ) -> list[ExecResult]:
+        """Run independent programs concurrently, each in a fresh worker; results keep input order."""
+        if self._batch_pool is None:
+            with self._lock:
+                if self._batch_pool is None:
+                    self._batch_pool = ThreadPoolExecutor(
+                        self.batch_concurrency, thread_name_prefix="sandbox-batch"
+                    )
+        futures = [
+            self._batch_pool.submit(self.run, c, timeout_s=timeout_s, **limit_overrides) for c in codes
+        ]
+        return [f.result() for f in futures]
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Kill and reap every worker, warm or in use."""
+        if self.closed:
+            return
+        self.closed = True
+        for s in list(self._sessions.values()):
+            s.close()
+        if self._batch_pool is not None:
+            self._batch_pool.shutdown(wait=True)
+        self.pool.close()
+
+    def __enter__(self) -> LocalSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self.closed:
+                self.close()
+        except Exception:
+            pass

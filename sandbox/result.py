@@ -1,0 +1,78 @@
+"""What one execution returns, shared by LocalSandbox, the HTTP API and the clients."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class SandboxUnavailable(Exception):
+    """The sandbox itself failed (server unreachable, worker cannot start, protocol broken).
+
+    Distinct from the user's code failing, which is reported inside an ExecResult.
+    """
+
+
+@dataclass
+class ExecError:
+    """The exception an execution raised, or why its worker died."""
+
+    type: str
+    message: str
+    traceback: str = ""
+    exit_code: int | None = None
+
+    def __getitem__(self, key: str) -> Any:  # lets callers treat it like the JSON dict too
+        return getattr(self, key)
+
+
+@dataclass
+class ExecResult:
+    stdout: str = ""
+    stderr: str = ""
+    value: str | None = None
+    """``repr`` of the trailing expression (notebook style), or None."""
+    error: ExecError | None = None
+    timed_out: bool = False
+    memory_exceeded: bool = False
+    truncated: bool = False
+    session_restarted: bool = False
+    """The session's process was replaced after this execution: its globals are gone."""
+    limit: str | None = None
+    """Which limit fired: wall_time, cpu_time, memory, output (only with truncated), or None."""
+    duration_s: float = 0.0
+    cpu_s: float = 0.0
+    exit_code: int | None = None
+    """Set when the code exited the interpreter (sys.exit, os._exit, a fatal signal as 128+n)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """No exception and no limit hit."""
+        return self.error is None and self.limit is None and not self.timed_out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ExecResult:
+        err = d.get("error")
+        return cls(
+            stdout=d.get("stdout", ""),
+            stderr=d.get("stderr", ""),
+            value=d.get("value"),
+            error=ExecError(**{k: err.get(k) for k in ("type", "message", "traceback", "exit_code")})
+            if err
+            else None,
+            timed_out=bool(d.get("timed_out")),
+            memory_exceeded=bool(d.get("memory_exceeded")),
+            truncated=bool(d.get("truncated")),
+            session_restarted=bool(d.get("session_restarted")),
+            limit=d.get("limit"),
+            duration_s=float(d.get("duration_s", 0.0)),
+            cpu_s=float(d.get("cpu_s", 0.0)),
+            exit_code=d.get("exit_code"),
+            extra=dict(d.get("extra") or {}),
+        )
