@@ -1,0 +1,189 @@
+"""One policy update from one collated rollout batch.
+
+The learner knows nothing about environments or engines: it takes the tensors `collate` made,
+scores them with the current policy (log-probs, entropy and the OTB collision term sum p^2 in one
+chunked forward pass), computes advantages by estimator name, and runs PPO-clip minibatch updates
+with gradient accumulation. That keeps it movable to another process (DDP/Ray) later: batch in,
+metrics and weights out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from agent_rl.advantages import AdvantageInputs, advantage_metrics, compute_advantages, required_inputs
+from agent_rl.config import AlgoConfig, TrainConfig
+from agent_rl.logprobs import TokenStats, causal_lm_token_stats
+from agent_rl.loss import PPOLossConfig, ppo_loss
+
+Batch = dict[str, Any]
+
+
+def _rows(batch: Batch, idx: torch.Tensor) -> Batch:
+    return {k: v[idx] if isinstance(v, torch.Tensor) and v.dim() > 0 else v for k, v in batch.items()}
+
+
+class Learner:
+    """Owns the optimiser and scheduler of `model`; `step(batch)` is one RL update."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        algo: AlgoConfig,
+        train: TrainConfig,
+        *,
+        temperature: float = 1.0,
+        ref_model: torch.nn.Module | None = None,
+    ) -> None:
+        self.model = model
+        self.algo = algo
+        self.temperature = temperature
+        self.ref_model = ref_model
+        self.max_grad_norm = train.max_grad_norm
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+        warm = max(1, train.warmup_lr_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm))
+        self.loss_config = PPOLossConfig(
+            clip_ratio_low=algo.clip_eps,
+            clip_ratio_high=algo.clip_eps,
+            dual_clip=algo.dual_clip,
+            loss_agg_mode=algo.loss_agg,
+            kl_coef=algo.kl_coef,
+            entropy_coef=algo.entropy_coef,
+        )
+        self.generator = torch.Generator().manual_seed(train.seed)
+
+    # -- scoring -------------------------------------------------------------------------------
+    def _stats(self, model: torch.nn.Module, batch: Batch, *, entropy: bool, sum_p2: bool) -> TokenStats:
+        return causal_lm_token_stats(
+            model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            response_length=batch["response_mask"].shape[1],
+            position_ids=batch["position_ids"],
+            temperature=self.temperature,
+            with_entropy=entropy,
+            with_sum_pi_squared=sum_p2,
+        )
+
+    @torch.no_grad()
+    def score(self, batch: Batch) -> Batch:
+        """Add old_log_probs (trainer's, before the update), sum_pi_squared and entropy per token.
+
+        The sampler's log-probs stay in `sampler_log_probs`; the learner scores with its own
+        forward pass so that the PPO ratio starts at exactly 1 even when the engine differs.
+        """
+        self.model.eval()
+        out = {"old_log_probs": [], "sum_pi_squared": [], "entropy": [], "ref_log_probs": []}
+        for idx in self._micro_batches(len(batch["input_ids"]), shuffle=False):
+            micro = _rows(batch, idx)
+            stats = self._stats(self.model, micro, entropy=True, sum_p2=True)
+            out["old_log_probs"].append(stats.log_probs)
+            out["sum_pi_squared"].append(stats.sum_pi_squared)
+            out["entropy"].append(stats.entropy)
+            if self.ref_model is not None:
+                out["ref_log_probs"].append(self._stats(self.ref_model, micro, entropy=False, sum_p2=False).log_probs)
+        scored = dict(batch, sampler_log_probs=batch["old_log_probs"])
+        scored.update({k: torch.cat(v) for k, v in out.items() if v})
+        return scored
+
+    def advantages(self, batch: Batch) -> torch.Tensor:
+        inputs = AdvantageInputs(
+            token_rewards=batch["token_rewards"],
+            response_mask=batch["response_mask"],
+            group_index=batch["group_index"],
+            old_log_probs=batch["old_log_probs"],
+            sum_pi_squared=batch["sum_pi_squared"],
+            grad_sq_norms=batch.get("grad_sq_norms"),
+            valid=batch["valid"],
+        )
+        return compute_advantages(self.algo.estimator, inputs, **self.algo.estimator_options)
+
+    def needs(self, name: str) -> bool:
+        """Whether the configured estimator needs an optional input (e.g. grad_sq_norms)."""
+        return name in required_inputs(self.algo.estimator)
+
+    # -- update --------------------------------------------------------------------------------
+    def _micro_batches(self, n: int, *, shuffle: bool) -> list[torch.Tensor]:
+        order = torch.randperm(n, generator=self.generator) if shuffle else torch.arange(n)
+        return list(order.split(self.algo.micro_batch_size))
+
+    def _denominator(self, batch: Batch) -> torch.Tensor:
+        mask = batch["response_mask"].bool() & batch["valid"][:, None]
+        if self.algo.loss_agg == "token-mean":
+            return mask.sum().clamp_min(1).float()
+        return mask.any(1).sum().clamp_min(1).float()
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs x minibatches, each an optimiser step accumulated over micro-batches."""
+        sums: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+        n = len(batch["input_ids"])
+        self.model.train()
+        for _ in range(self.algo.ppo_epochs):
+            order = torch.randperm(n, generator=self.generator)
+            for mb_idx in order.tensor_split(self.algo.minibatches):
+                minibatch = _rows(batch, mb_idx)
+                denominator = self._denominator(minibatch)
+                self.optimizer.zero_grad(set_to_none=True)
+                for idx in self._micro_batches(len(mb_idx), shuffle=False):
+                    micro = _rows(minibatch, idx)
+                    stats = self._stats(self.model, micro, entropy=True, sum_p2=False)
+                    out = ppo_loss(
+                        stats.log_probs,
+                        micro["old_log_probs"],
+                        micro["advantages"],
+                        micro["response_mask"],
+                        self.loss_config,
+                        valid=micro["valid"],
+                        ref_log_probs=micro.get("ref_log_probs"),
+                        entropy=stats.entropy,
+                        denominator=denominator,
+                    )
+                    out.loss.backward()
+                    for k, v in out.metrics.items():
+                        sums[k] += float(v)
+                        counts[k] += 1
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+                sums["grad/norm"] += float(grad_norm)
+                counts["grad/norm"] += 1
+                sums["grad/max_norm"] = max(sums["grad/max_norm"], float(grad_norm))
+                counts["grad/max_norm"] = 1
+                self.optimizer.step()
+                self.scheduler.step()
+        metrics = {k: sums[k] / counts[k] for k in sums}
+        metrics["perf/lr"] = self.scheduler.get_last_lr()[0]
+        return metrics
+
+    def step(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """Score, estimate advantages, update. Returns the scored batch (with advantages) and metrics."""
+        scored = self.score(batch)
+        scored["advantages"] = self.advantages(scored)
+        policy = scored["response_mask"].bool() & scored["valid"][:, None]
+        metrics = advantage_metrics(scored["advantages"], policy)
+        metrics["policy/entropy"] = float(scored["entropy"][policy].mean()) if policy.any() else 0.0
+        w = 1 - 2 * scored["old_log_probs"].exp() + scored["sum_pi_squared"]  # (B, R) logit-gradient proxy
+        metrics["policy/proxy_w_mean"] = float(w[policy].mean()) if policy.any() else 0.0
+        metrics["policy/sampler_trainer_logp_diff"] = (
+            float((scored["sampler_log_probs"] - scored["old_log_probs"])[policy].abs().max()) if policy.any() else 0.0
+        )
+        metrics.update(self.update(scored))
+        return scored, metrics
+
+    # -- checkpointing -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])

@@ -1,0 +1,95 @@
+"""Metrics every step to JSONL and TensorBoard, and PNG plots at the end.
+
+Fixed prefixes (`env/`, `adv/`, `losses/`, `perf/`, `tokens/`, `grad/`) so dashboards and the
+plots below find the same names across runs and estimators.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+PLOTS = {
+    "success.png": ("env/success_rate", "success rate"),
+    "tokens.png": ("tokens/cumulative", "cumulative rollout tokens"),
+    "grad_norm.png": ("grad/norm", "gradient norm"),
+    "reward.png": ("env/reward_mean", "mean reward"),
+}
+
+
+class MetricsLogger:
+    """Append-only JSONL (the source of truth) plus TensorBoard when it is installed."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            except ImportError:
+                self._tb = None
+
+    def truncate_after(self, step: int) -> None:
+        """On resume, drop lines written after the checkpoint so the log has no duplicate steps."""
+        if not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines() if json.loads(line).get("step", 0) <= step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        clean = {k: _plain(v) for k, v in metrics.items()}
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, **clean}) + "\n")
+        if self._tb is not None:
+            for k, v in clean.items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _plain(v: Any) -> Any:
+    if hasattr(v, "item"):
+        return v.item()
+    return v
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def write_plots(run_dir: Path) -> list[Path]:
+    """PNG plots of the headline curves; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(run_dir)
+    out = []
+    for fname, (key, label) in PLOTS.items():
+        pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        if not pts:
+            continue
+        fig, ax = plt.subplots(figsize=(5, 3.2), dpi=110)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3)
+        ax.set_xlabel("RL step")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = Path(run_dir) / "plots" / fname
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path)
+        plt.close(fig)
+        out.append(path)
+    return out
