@@ -1,0 +1,88 @@
+"""Scripted demonstrations: the assistant turns of a correct tool-use episode.
+
+Used for a short supervised warm-up before RL (a model trained from scratch has never seen the
+tool-call pattern), and by tests as a policy that must score 1. Generated tasks carry the code
+that prints their answer, so a demonstration is: run it, read the output, box the answer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+from envs.parsing import get_format
+from envs.spaces import Message
+from envs.tasks.base import Task
+
+
+def scripted_solution(task: Task, tool_format: str = "code", tool: str = "python") -> list[str]:
+    """Assistant turns of a correct episode: one tool call, then the boxed answer.
+
+    `tool="calculator"` works for tasks whose solution is a single `print(<expression>)`.
+    """
+    if task.solution_code is None:
+        raise ValueError(
+            f"task {task.id or task.problem[:40]!r} has no solution_code; only generated tasks do"
+        )
+    if tool == "python":
+        arguments = {"code": task.solution_code}
+    elif tool == "calculator":
+        match = re.fullmatch(r"print\((.*)\)", task.solution_code.strip())
+        if match is None:
+            raise ValueError(f"task {task.id!r} needs a program, not one expression: use the python tool")
+        arguments = {"expression": match.group(1)}
+    else:
+        raise ValueError(f"no scripted solution for tool {tool!r}; use 'python' or 'calculator'")
+    call = get_format(tool_format).render_call(tool, arguments)
+    return [call, f"\\boxed{{{task.answer}}}"]
+
+
+def scripted_single_turn(task: Task) -> list[str]:
+    """The single-turn (no tool) demonstration: just the boxed answer."""
+    return [f"\\boxed{{{task.answer}}}"]
+
+
+@dataclass
+class Episode:
+    """A played episode: the full conversation, per-step rewards and infos."""
+
+    messages: list[Message] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    terminated: bool = False
+    truncated: bool = False
+
+    @property
+    def total_reward(self) -> float:
+        return sum(self.rewards)
+
+
+def play(env: gym.Env, turns: list[str], *, seed: int | None = None, options: dict | None = None) -> Episode:
+    """Feed fixed assistant turns to `env` until it ends (or the turns run out)."""
+    obs, info = env.reset(seed=seed, options=options)
+    episode = Episode(messages=list(obs), infos=[info])
+    for turn in turns:
+        obs, reward, terminated, truncated, info = env.step(turn)
+        episode.messages.append({"role": "assistant", "content": turn})
+        episode.messages.extend(obs)
+        episode.rewards.append(float(reward))
+        episode.infos.append(info)
+        if terminated or truncated:
+            episode.terminated, episode.truncated = terminated, truncated
+            break
+    return episode
+
+
+def demonstration(env: gym.Env, task_index: int) -> Episode:
+    """Play the scripted solution of task `task_index` in `env`, with real tool outputs."""
+    base = env.unwrapped
+    task = base.tasks[task_index]
+    if not base.tools:
+        turns = scripted_single_turn(task)
+    else:
+        tool = "python" if "python" in base.tools else next(iter(base.tools))
+        turns = scripted_solution(task, base.format.name, tool=tool)
+    return play(env, turns, options={"task_index": task_index})
