@@ -85,7 +85,9 @@ class Learner:
             out["sum_pi_squared"].append(stats.sum_pi_squared)
             out["entropy"].append(stats.entropy)
             if self.ref_model is not None:
-                out["ref_log_probs"].append(self._stats(self.ref_model, micro, entropy=False, sum_p2=False).log_probs)
+                out["ref_log_probs"].append(
+                    self._stats(self.ref_model, micro, entropy=False, sum_p2=False).log_probs
+                )
         scored = dict(batch, sampler_log_probs=batch["old_log_probs"])
         scored.update({k: torch.cat(v) for k, v in out.items() if v})
         return scored
@@ -168,7 +170,9 @@ class Learner:
         w = 1 - 2 * scored["old_log_probs"].exp() + scored["sum_pi_squared"]  # (B, R) logit-gradient proxy
         metrics["policy/proxy_w_mean"] = float(w[policy].mean()) if policy.any() else 0.0
         metrics["policy/sampler_trainer_logp_diff"] = (
-            float((scored["sampler_log_probs"] - scored["old_log_probs"])[policy].abs().max()) if policy.any() else 0.0
+            float((scored["sampler_log_probs"] - scored["old_log_probs"])[policy].abs().max())
+            if policy.any()
+            else 0.0
         )
         metrics.update(self.update(scored))
         return scored, metrics

@@ -39,7 +39,9 @@ class MetricsLogger:
         """On resume, drop lines written after the checkpoint so the log has no duplicate steps."""
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines() if json.loads(line).get("step", 0) <= step]
+        kept = [
+            line for line in self.path.read_text().splitlines() if json.loads(line).get("step", 0) <= step
+        ]
         self.path.write_text("".join(line + "\n" for line in kept))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:

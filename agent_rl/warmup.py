@@ -25,7 +25,9 @@ class Example:
     mask: list[int]
 
 
-def play_demo(env: Any, assistant_turns: Sequence[str], seed: int, options: dict[str, Any] | None = None) -> list[Message]:
+def play_demo(
+    env: Any, assistant_turns: Sequence[str], seed: int, options: dict[str, Any] | None = None
+) -> list[Message]:
     """Run scripted assistant turns through `env`; return the whole conversation."""
     obs, _ = env.reset(seed=seed, options=options)
     messages: list[Message] = list(obs)
