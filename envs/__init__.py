@@ -23,7 +23,7 @@ from envs.registry import (
 )
 from envs.rewards import RewardConfig
 from envs.tasks import FAMILIES, FunctionTasks, GeneratedTasks, ListTasks, Task, TaskSource, load_tasks
-from envs.tools import CalculatorTool, PythonTool, Tool, ToolCall, ToolInfraError, ToolOutput
+from envs.tools import CalculatorTool, PythonTool, Shared, Tool, ToolCall, ToolInfraError, ToolOutput
 from envs.verify import MathVerifier, Verification
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "PythonTool",
     "ResetNeeded",
     "RewardConfig",
+    "Shared",
     "Task",
     "TaskSource",
     "Tool",

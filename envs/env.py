@@ -52,7 +52,8 @@ class ResetNeeded(RuntimeError):
 class ToolEnv(gym.Env[list[Message], str]):
     """Multi-turn tool use over a task source; see the module docstring for the full API."""
 
-    metadata: dict[str, Any] = {"render_modes": ["ansi"]}  # noqa: RUF012 - Gymnasium's convention
+    # Text has no frame rate; render_fps is declared only because Gymnasium's checker asks for it.
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012
 
     def __init__(
         self,
@@ -86,7 +87,9 @@ class ToolEnv(gym.Env[list[Message], str]):
         max_output_chars: each tool result is cut to this many characters, with a marker.
         observation_role: role of result messages; "user" for chat templates without `tool`.
         verifier: (predicted or None, gold) -> Verification; None = MathVerifier.
-        sandbox: backend for the default PythonTool (None = LocalSandbox).
+        sandbox: backend for the default PythonTool: None or "local" (one LocalSandbox shared
+            by the process), an "http(s)://" sandbox service URL, or an object with `.session()`
+            (wrap it in `envs.Shared(...)` if you pass it through `gymnasium.make`).
         """
         if max_turns < 1 or max_tool_calls < 0 or max_calls_per_turn < 1 or max_output_chars < 64:
             raise ValueError(

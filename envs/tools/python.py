@@ -8,7 +8,9 @@ the episode so variables persist between turns, and closed by `close()` (next re
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -18,11 +20,67 @@ from envs.tools.base import Tool, ToolInfraError, ToolOutput
 NO_OUTPUT = "[no output]"
 
 
-def default_backend() -> SandboxBackend:
-    """The in-process LocalSandbox; imported lazily so `envs` imports without the sandbox."""
-    from sandbox import LocalSandbox
+_shared: dict[str, SandboxBackend] = {}
+_shared_lock = threading.Lock()
 
-    return LocalSandbox()
+
+def _close_shared() -> None:
+    for backend in _shared.values():
+        with contextlib.suppress(Exception):
+            backend.close()  # type: ignore[attr-defined]
+
+
+atexit.register(_close_shared)
+
+
+def shared_backend(spec: str = "local") -> SandboxBackend:
+    """One backend per process for `spec`: "local" (a LocalSandbox) or an "http(s)://" service URL.
+
+    Many environments (one per rollout slot) then share one warm worker pool instead of each
+    starting its own. Imported lazily so `envs` imports without the sandbox package.
+    """
+    with _shared_lock:
+        if spec not in _shared:
+            if spec == "local":
+                from sandbox import LocalSandbox
+
+                _shared[spec] = LocalSandbox()
+            elif spec.startswith(("http://", "https://")):
+                from sandbox import Client
+
+                _shared[spec] = Client(spec)
+            else:
+                raise ValueError(
+                    f'sandbox must be "local", an http(s):// URL, or a backend object; got {spec!r}'
+                )
+        return _shared[spec]
+
+
+class Shared:
+    """Wraps a backend object so Gymnasium may deep-copy env kwargs (it does in `spec.make()`)
+    without copying the backend: `gymnasium.make(id, sandbox=Shared(LocalSandbox()))`."""
+
+    def __init__(self, backend: SandboxBackend) -> None:
+        self.backend = backend
+
+    def session(self, **limits: Any) -> Any:
+        return self.backend.session(**limits)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Shared:
+        return self
+
+
+def resolve_backend(spec: Any) -> SandboxBackend:
+    """None/"local"/URL -> the shared backend; a backend object as is; a factory is called."""
+    if spec is None:
+        return shared_backend("local")
+    if isinstance(spec, str):
+        return shared_backend(spec)
+    if isinstance(spec, SandboxBackend) and not isinstance(spec, type):
+        return spec
+    if callable(spec):
+        return spec()
+    raise TypeError(f"sandbox must be None, a string, a backend with .session(), or a factory; got {spec!r}")
 
 
 class PythonTool(Tool):
@@ -39,13 +97,13 @@ class PythonTool(Tool):
 
     def __init__(
         self,
-        backend: SandboxBackend | Callable[[], SandboxBackend] | None = None,
+        backend: SandboxBackend | Callable[[], SandboxBackend] | str | None = None,
         *,
         timeout_s: float | None = 5.0,
         session_limits: dict[str, Any] | None = None,
     ) -> None:
-        """`backend`: an object with `.session(**limits)` or a zero-argument factory for one
-        (None: a LocalSandbox made on first use). `timeout_s` bounds each call's run time."""
+        """`backend`: see `resolve_backend` (None: the process-wide LocalSandbox, made on first
+        use). `timeout_s` bounds each call's run time."""
         self._backend_arg = backend
         self._backend: SandboxBackend | None = None
         self.timeout_s = timeout_s
@@ -58,13 +116,7 @@ class PythonTool(Tool):
     @property
     def backend(self) -> SandboxBackend:
         if self._backend is None:
-            arg = self._backend_arg
-            if arg is None:
-                self._backend = default_backend()
-            elif isinstance(arg, SandboxBackend) and not isinstance(arg, type):
-                self._backend = arg
-            else:
-                self._backend = arg()
+            self._backend = resolve_backend(self._backend_arg)
         return self._backend
 
     @property
