@@ -25,21 +25,6 @@ class Example:
     mask: list[int]
 
 
-def play_demo(
-    env: Any, assistant_turns: Sequence[str], seed: int, options: dict[str, Any] | None = None
-) -> list[Message]:
-    """Run scripted assistant turns through `env`; return the whole conversation."""
-    obs, _ = env.reset(seed=seed, options=options)
-    messages: list[Message] = list(obs)
-    for text in assistant_turns:
-        messages.append({"role": "assistant", "content": text})
-        obs, _, terminated, truncated, _ = env.step(text)
-        messages.extend(obs)
-        if terminated or truncated:
-            break
-    return messages
-
-
 def tokenize_conversation(tokenizer: Any, messages: Sequence[Message]) -> Example:
     """Piecewise: each assistant message's own tokens get mask 1, everything else mask 0."""
     ids: list[int] = []
