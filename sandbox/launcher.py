@@ -14,10 +14,12 @@ bubblewrap) shares the host's filesystem view and network with the executed code
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -68,21 +70,43 @@ class LaunchConfig:
 
 
 class UidAllocator:
-    """Hands out distinct host uids so per-uid limits (RLIMIT_NPROC) are per worker."""
+    """Hands out distinct host uids so per-uid limits (RLIMIT_NPROC) are per worker.
+
+    Uniqueness holds across processes too: each uid in use is held by an ``flock`` on a file in a
+    root-only directory, which the kernel releases if this process dies.
+    """
+
+    LOCK_DIR = Path(tempfile.gettempdir()) / "agent-rl-sandbox-uids"
 
     def __init__(self, base: int, count: int) -> None:
-        self._free = list(range(base + count - 1, base - 1, -1))
+        self.base, self.count = base, count
+        self._held: dict[int, int] = {}
         self._lock = threading.Lock()
+        self._next = random.randrange(count)  # start elsewhere than a sibling process would
+        self.LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
 
     def take(self) -> int:
         with self._lock:
-            if not self._free:
-                raise SandboxUnavailable("no free sandbox uid: too many live workers")
-            return self._free.pop()
+            for _ in range(self.count):
+                uid = self.base + self._next
+                self._next = (self._next + 1) % self.count
+                if uid in self._held:
+                    continue
+                fd = os.open(self.LOCK_DIR / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    os.close(fd)
+                    continue
+                self._held[uid] = fd
+                return uid
+        raise SandboxUnavailable("no free sandbox uid: too many live workers")
 
     def give(self, uid: int) -> None:
         with self._lock:
-            self._free.append(uid)
+            fd = self._held.pop(uid, None)
+        if fd is not None:
+            os.close(fd)  # releases the flock
 
 
 class Launcher:
@@ -274,10 +298,14 @@ class WorkerProcess:
             # Kill the namespace's init first: bubblewrap's monitor then reaps it and exits, and
             # the kernel kills and reaps everything else in the pid namespace. Only while our child
             # is unreaped are these pids guaranteed not to have been recycled.
+            # Killing the monitor first would orphan the init to the host's pid 1, which may never
+            # reap it; so the monitor is only killed if it does not exit by itself.
+            if proc.poll() is None and self.ns_init_pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(self.ns_init_pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(2)
             if proc.poll() is None:
-                if self.ns_init_pid is not None:
-                    with contextlib.suppress(OSError):
-                        os.kill(self.ns_init_pid, signal.SIGKILL)
                 with contextlib.suppress(OSError):
                     os.killpg(proc.pid, signal.SIGKILL)
             if self.cgroup is not None:

@@ -7,10 +7,12 @@ The HTTP server is a thin layer over this class, and ``Client``/``AsyncClient`` 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import uuid
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -24,6 +26,17 @@ from sandbox.result import ExecResult, SandboxUnavailable
 log = logging.getLogger("sandbox")
 
 ISOLATION_MODES = ("auto", "bwrap", "rlimits")
+_LIVE: weakref.WeakSet[LocalSandbox] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """Kill every worker at interpreter exit, before daemon threads are frozen mid-spawn."""
+    for sb in list(_LIVE):
+        try:
+            sb.close()
+        except Exception:
+            pass
 
 
 def resolve_isolation(mode: str, require_isolation: bool) -> str:
@@ -130,6 +143,7 @@ class LocalSandbox:
         self._lock = threading.Lock()
         self._batch_pool: ThreadPoolExecutor | None = None
         self.closed = False
+        _LIVE.add(self)
 
     # -- sessions ---------------------------------------------------------------------------
     def session(self, **limit_overrides: Any) -> LocalSession:
