@@ -1,0 +1,125 @@
+"""Token ids for the env's new messages, computed without ever re-tokenising the history.
+
+The problem: after the policy's turn we must append the env's reply (a tool message, the next
+generation prompt) in the exact form the chat template would render it. Re-rendering and
+re-tokenising the whole conversation each turn is what peers do, and it breaks in three ways:
+BPE merges across the old/new boundary change earlier tokens; templates that are not
+append-only (e.g. Qwen3 strips <think> blocks from past assistant turns) rewrite the history;
+and the sampled ids are replaced by a re-encoding of their decoded text.
+
+The method: render a fixed reference conversation that ends with an assistant turn, once
+without and once with the new messages (plus the generation prompt). The difference is exactly
+the text the template inserts after an assistant turn; only that difference is tokenised. The
+reference contains no reasoning block, so templates that rewrite past reasoning render it the
+same both times. The assistant turn's closing text (e.g. "<|im_end|>\n") belongs to the delta
+too, minus the eos when the policy already sampled it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+REFERENCE_ASSISTANT = "REFERENCE-ASSISTANT-TURN"
+DEFAULT_REFERENCE: tuple[dict[str, str], ...] = (
+    {"role": "system", "content": "reference system"},
+    {"role": "user", "content": "reference user"},
+    {"role": "assistant", "content": REFERENCE_ASSISTANT},
+)
+
+
+class ChatTemplateError(ValueError):
+    """The chat template cannot be split into per-turn deltas; the message says why."""
+
+
+@dataclass
+class ToolTruncation:
+    """Result of cutting the env's reply to the tool-token budget."""
+
+    messages: list[dict[str, Any]]
+    cut_tokens: int
+    """Content tokens removed (0 = nothing cut)."""
+
+
+class ChatDelta:
+    """Renders prompts and per-turn deltas for one tokenizer and chat template."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        reference: Sequence[Mapping[str, str]] = DEFAULT_REFERENCE,
+        chat_template: str | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.reference = [dict(m) for m in reference]
+        if not self.reference or self.reference[-1]["role"] != "assistant":
+            raise ChatTemplateError("the reference conversation must end with an assistant message")
+        marker = self.reference[-1]["content"]
+        self._base = self._render(self.reference, add_generation_prompt=False)
+        at = self._base.rfind(marker)
+        if at < 0:
+            raise ChatTemplateError(
+                "the chat template does not render the reference assistant message verbatim; pass a "
+                "reference conversation whose last assistant content the template keeps unchanged"
+            )
+        self._closing = self._base[at + len(marker) :]
+        eos = tokenizer.eos_token or ""
+        self._eos_id = tokenizer.eos_token_id
+        self._closing_after_eos = (
+            self._closing[len(eos) :] if eos and self._closing.startswith(eos) else self._closing
+        )
+
+    def _render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            list(messages),
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=self.chat_template,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The first prompt: the env's opening messages plus the generation prompt."""
+        return self.encode(self._render(messages, add_generation_prompt=True))
+
+    def delta_ids(self, new_messages: Sequence[Mapping[str, Any]], policy_ended_with_eos: bool) -> list[int]:
+        """Ids to append after a policy turn: its closing, the new messages, the generation prompt."""
+        if not new_messages:
+            raise ValueError("the env returned no new messages; a multi-turn env must reply to each turn")
+        full = self._render([*self.reference, *new_messages], add_generation_prompt=True)
+        if not full.startswith(self._base):
+            raise ChatTemplateError(
+                "the chat template renders the reference conversation differently once new messages follow "
+                "it, so the delta is ill-defined; choose a reference whose rendering the template keeps"
+            )
+        closing = self._closing_after_eos if policy_ended_with_eos else self._closing
+        return self.encode(closing + full[len(self._base) :])
+
+    def truncate_tool_messages(
+        self, messages: Sequence[Mapping[str, Any]], max_tokens: int
+    ) -> ToolTruncation:
+        """Cut the reply's message contents to `max_tokens` content tokens in total, with a marker.
+
+        Content is cut (not delta ids) so the template's own structure stays intact; the marker
+        tells the policy (and a human reading the trajectory) that output was dropped.
+        """
+        out: list[dict[str, Any]] = []
+        left, cut = max_tokens, 0
+        for message in messages:
+            msg = dict(message)
+            content = msg.get("content")
+            if isinstance(content, str):
+                ids = self.encode(content)
+                if len(ids) > left:
+                    removed = len(ids) - left
+                    msg["content"] = self.tokenizer.decode(ids[:left]) + f"\n[... {removed} tokens truncated]"
+                    cut += removed
+                    left = 0
+                else:
+                    left -= len(ids)
+            out.append(msg)
+        return ToolTruncation(messages=out, cut_tokens=cut)

@@ -1,0 +1,409 @@
+"""Runs B tasks x N samples of a Gymnasium env concurrently and returns token-exact trajectories.
+
+How it overlaps work: each episode is a coroutine. Env construction, reset and step (which may
+call a sandbox) run in a thread pool; generation runs in one engine thread. Whenever the engine
+is free, one call batches every sequence that is waiting for a turn, so slow tools of some
+episodes do not stall generation for the others.
+
+Token bookkeeping per turn (the invariants `Trajectory.check` asserts after every append):
+  1. the ids the policy sampled are appended verbatim, mask 1, with their sampling log-probs;
+  2. the env is stepped with their decoded text;
+  3. the env's reply is appended as the chat-template delta (agent_rl.rollout.chat_delta), mask 0,
+     log-prob 0. The history is never re-tokenised.
+The step reward is added on that turn's last policy token, so the outcome reward sits on the
+last policy token of the episode.
+
+Budgets (max turns, max total tokens, max tool tokens) end or cut episodes and always record
+why in `stop_reason` / `TurnRecord.tool_truncated_tokens`. Exceptions from the env and
+`info["infra_error"]` end the episode with `infra_error` set: the sample is kept for logging but
+the learner should exclude it (`collate(...)["valid"]`). Engine errors are not the episode's
+fault and propagate to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_rl.rollout.chat_delta import DEFAULT_REFERENCE, ChatDelta
+from agent_rl.rollout.engine import Completion, Engine, SamplingParams
+from agent_rl.rollout.trajectory import Trajectory, TurnRecord, json_safe
+
+log = logging.getLogger(__name__)
+
+Task = int | Mapping[str, Any]
+"""An int is a reset seed; a mapping is passed as reset options, its 'seed' key (if any) as seed."""
+
+
+@dataclass
+class CollectorConfig:
+    """Budgets and sampling for one collect() call."""
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Per-turn sampling; `max_new_tokens` caps each turn, `seed` is ignored (see `seed`)."""
+    max_turns: int = 4
+    """Policy turns per episode; reaching it without termination gives stop_reason 'max_turns'."""
+    max_total_tokens: int = 512
+    """Prompt + response tokens per episode; a turn is shortened or the episode ends
+    ('max_total_tokens') rather than exceed it."""
+    max_tool_tokens: int = 64
+    """Content tokens kept from each env reply; the rest is cut with a visible marker."""
+    seed: int = 0
+    """Base of the per-sample, per-turn engine seeds; collect(seed=...) overrides per call."""
+    env_workers: int = 32
+    """Threads for env construction, reset, step and close (sandbox calls block in them)."""
+    max_batch_size: int | None = None
+    """Most sequences per engine call (None = all waiting ones)."""
+    batch_wait_s: float = 0.005
+    """How long a generation call may wait for more episodes to finish their env step, when some
+    are still in one; larger batches vs. an idle engine. 0 = dispatch immediately."""
+    chat_template: str | None = None
+    """Override of the tokenizer's chat template (None = the tokenizer's own)."""
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.max_tool_tokens < 0:
+            raise ValueError(f"max_tool_tokens must be >= 0, got {self.max_tool_tokens}")
+        if self.max_total_tokens < 2:
+            raise ValueError(f"max_total_tokens must be >= 2, got {self.max_total_tokens}")
+        if self.env_workers < 1:
+            raise ValueError(f"env_workers must be >= 1, got {self.env_workers}")
+
+
+@dataclass
+class CollectStats:
+    """Where the wall time of the last collect() went (metrics under the `perf/` prefix)."""
+
+    wall_s: float = 0.0
+    engine_busy_s: float = 0.0
+    """Sum of engine.generate durations (the engine runs one call at a time)."""
+    engine_calls: int = 0
+    sequences_generated: int = 0
+    policy_tokens: int = 0
+    env_s: float = 0.0
+    """Sum over episodes of time inside env calls (overlapping episodes add up)."""
+    env_busy_s: float = 0.0
+    """Wall time during which at least one env call ran."""
+
+    def as_metrics(self) -> dict[str, float]:
+        calls = max(self.engine_calls, 1)
+        return {
+            "perf/rollout_wall_s": self.wall_s,
+            "perf/engine_busy_s": self.engine_busy_s,
+            "perf/engine_idle_frac": 1.0 - self.engine_busy_s / self.wall_s if self.wall_s else 0.0,
+            "perf/engine_mean_batch": self.sequences_generated / calls,
+            "perf/policy_tokens_per_s": self.policy_tokens / self.wall_s if self.wall_s else 0.0,
+            "perf/env_busy_frac": self.env_busy_s / self.wall_s if self.wall_s else 0.0,
+        }
+
+
+def _mix_seed(*parts: int) -> int:
+    """A deterministic seed from several ints (Python's hash() of ints is not mixed enough)."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h ^= (p & 0xFFFFFFFFFFFFFFFF) + 0x9E3779B97F4A7C15 + ((h << 6) & 0xFFFFFFFFFFFFFFFF) + (h >> 2)
+        h &= 0xFFFFFFFFFFFFFFFF
+    return h % (2**31 - 1)
+
+
+class _Batcher:
+    """Collects generation requests from episodes and serves them in batched engine calls."""
+
+    def __init__(
+        self, engine: Engine, config: CollectorConfig, stats: CollectStats, live: Callable[[], int]
+    ) -> None:
+        self.engine = engine
+        self.config = config
+        self.stats = stats
+        self._live = live
+        self._pending: list[tuple[list[int], SamplingParams, asyncio.Future[Completion]]] = []
+        self._wake = asyncio.Event()
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+
+    async def generate(self, prompt: list[int], params: SamplingParams) -> Completion:
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        self._pending.append((prompt, params, future))
+        self._wake.set()
+        return await future
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            # Give episodes that are about to finish an env step a moment to join this batch.
+            deadline = loop.time() + self.config.batch_wait_s
+            while self._pending and len(self._pending) < self._live() and loop.time() < deadline:
+                await asyncio.sleep(0.0005)
+            while self._pending:
+                limit = self.config.max_batch_size or len(self._pending)
+                batch, self._pending = self._pending[:limit], self._pending[limit:]
+                started = time.perf_counter()
+                try:
+                    results = await loop.run_in_executor(
+                        self._thread, self.engine.generate, [b[0] for b in batch], [b[1] for b in batch]
+                    )
+                except Exception as exc:
+                    for _, _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                finally:
+                    self.stats.engine_busy_s += time.perf_counter() - started
+                self.stats.engine_calls += 1
+                self.stats.sequences_generated += len(batch)
+                for (_, _, fut), result in zip(batch, results, strict=True):
+                    if not fut.done():
+                        fut.set_result(result)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
+
+
+class _EnvClock:
+    """Tracks total and union time of env calls across threads (for the sandbox wall-time share)."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.busy_since = 0.0
+        self.busy_s = 0.0
+
+    def enter(self) -> None:
+        if self.active == 0:
+            self.busy_since = time.perf_counter()
+        self.active += 1
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self.busy_s += time.perf_counter() - self.busy_since
+
+
+class Collector:
+    """Collects multi-turn trajectories: `Collector(engine, tokenizer, env_factory, config).collect(tasks, N)`.
+
+    `env_factory` is a Gymnasium id (made with `gymnasium.make(id, **env_kwargs)`) or a callable
+    returning a fresh env; one env is made per episode and closed after it.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        env_factory: str | Callable[[], Any],
+        config: CollectorConfig | None = None,
+        *,
+        env_kwargs: Mapping[str, Any] | None = None,
+        reference: Sequence[Mapping[str, str]] = DEFAULT_REFERENCE,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config or CollectorConfig()
+        self.delta = ChatDelta(tokenizer, reference, chat_template=self.config.chat_template)
+        if isinstance(env_factory, str):
+            import gymnasium
+
+            env_id, kwargs = env_factory, dict(env_kwargs or {})
+            self._make_env: Callable[[], Any] = lambda: gymnasium.make(env_id, **kwargs)
+        else:
+            if env_kwargs:
+                raise ValueError("env_kwargs only applies to an env id; bind them into your factory instead")
+            self._make_env = env_factory
+        self.last_stats = CollectStats()
+        self._calls = 0
+
+    # ------------------------------------------------------------------ public API
+    def collect(self, tasks: Sequence[Task], group_size: int, *, seed: int | None = None) -> list[Trajectory]:
+        """B tasks x `group_size` samples, grouped: trajectories[g * N + s] is sample s of task g."""
+        return asyncio.run(self.collect_async(tasks, group_size, seed=seed))
+
+    async def collect_async(
+        self, tasks: Sequence[Task], group_size: int, *, seed: int | None = None
+    ) -> list[Trajectory]:
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        for task in tasks:
+            _reset_args(task)  # reject malformed tasks before any env is built
+        call_seed = self.config.seed + self._calls if seed is None else seed
+        self._calls += 1
+        stats = CollectStats()
+        self.last_stats = stats
+        started = time.perf_counter()
+        clock = _EnvClock()
+        live = [len(tasks) * group_size]
+        batcher = _Batcher(self.engine, self.config, stats, lambda: live[0])
+        pool = ThreadPoolExecutor(max_workers=self.config.env_workers, thread_name_prefix="env")
+        server = asyncio.create_task(batcher.run())
+
+        async def one(g: int, s: int, task: Task) -> Trajectory:
+            try:
+                return await self._episode(g, s, task, call_seed, batcher, pool, clock)
+            finally:
+                live[0] -= 1
+                batcher._wake.set()  # fewer live episodes may complete a waiting batch
+
+        try:
+            episodes = [one(g, s, task) for g, task in enumerate(tasks) for s in range(group_size)]
+            trajectories = list(await asyncio.gather(*episodes))
+        finally:
+            server.cancel()
+            try:
+                await server
+            except asyncio.CancelledError:
+                pass
+            batcher.close()
+            pool.shutdown(wait=False, cancel_futures=True)
+        stats.wall_s = time.perf_counter() - started
+        stats.env_busy_s = clock.busy_s
+        stats.env_s = sum(t.timings.get("env", 0.0) for t in trajectories)
+        stats.policy_tokens = sum(t.num_policy_tokens for t in trajectories)
+        return trajectories
+
+    # ------------------------------------------------------------------ one episode
+    async def _episode(
+        self,
+        g: int,
+        s: int,
+        task: Task,
+        call_seed: int,
+        batcher: _Batcher,
+        pool: ThreadPoolExecutor,
+        clock: _EnvClock,
+    ) -> Trajectory:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        traj = Trajectory(traj_id=f"{call_seed}-{g}-{s}", group_id=g, sample_index=s, task=json_safe(task))
+        timings = {"generate_wait": 0.0, "env": 0.0, "total": 0.0}
+        traj.timings = timings
+        started = time.perf_counter()
+        env: Any = None
+
+        async def in_env(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            clock.enter()
+            try:
+                return await loop.run_in_executor(pool, lambda: fn(*args, **kwargs))
+            finally:
+                clock.leave()
+                timings["env"] += time.perf_counter() - t0
+
+        def fail(where: str, error: BaseException | str) -> None:
+            detail = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+            traj.infra_error = f"{where}: {detail}"
+            traj.stop_reason = "infra_error"
+            log.warning("episode %s: infrastructure failure in %s: %s", traj.traj_id, where, detail)
+
+        try:
+            try:
+                env = await in_env(self._make_env)
+                seed, options = _reset_args(task)
+                obs, info = await in_env(env.reset, seed=seed, options=options)
+            except Exception as exc:
+                fail("env.reset", exc)
+                return traj
+            traj.reset_info = json_safe(dict(info or {}))
+            if (info or {}).get("infra_error"):
+                fail("env.reset", str(info["infra_error"]))
+                return traj
+            traj.prompt_ids = self.delta.prompt_ids(obs)
+            limit = min(cfg.max_total_tokens, self.engine.max_model_len)
+
+            for turn in range(cfg.max_turns):
+                room = limit - len(traj.prompt_ids) - len(traj.response_ids)
+                if room <= 0:
+                    traj.stop_reason = "max_total_tokens"
+                    break
+                params = cfg.sampling.with_(
+                    max_new_tokens=min(cfg.sampling.max_new_tokens, room),
+                    seed=_mix_seed(call_seed, g, s, turn),
+                )
+                t0 = time.perf_counter()
+                completion = await batcher.generate(traj.prompt_ids + traj.response_ids, params)
+                timings["generate_wait"] += time.perf_counter() - t0
+                self._append_policy(traj, completion)
+                record = TurnRecord(
+                    policy_tokens=len(completion.token_ids), finish_reason=completion.finish_reason
+                )
+                traj.turns.append(record)
+
+                text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+                try:
+                    obs, reward, terminated, truncated, info = await in_env(env.step, text)
+                except Exception as exc:
+                    fail("env.step", exc)
+                    break
+                info = dict(info or {})
+                record.reward = float(reward)
+                record.info = json_safe(info)
+                traj.token_rewards[-1] += (
+                    record.reward
+                )  # the last token appended is this turn's last policy token
+                traj.reward += record.reward
+                if info.get("infra_error"):
+                    fail("env.step", str(info["infra_error"]))
+                    break
+                if terminated:
+                    traj.stop_reason = "terminated"
+                    break
+                if truncated:
+                    traj.stop_reason = "env_truncated"
+                    break
+                if turn == cfg.max_turns - 1:
+                    traj.stop_reason = "max_turns"
+                    break
+                cut = self.delta.truncate_tool_messages(list(obs), cfg.max_tool_tokens)
+                record.tool_truncated_tokens = cut.cut_tokens
+                ended_with_eos = completion.token_ids[-1] == self.engine.eos_token_id
+                delta = self.delta.delta_ids(cut.messages, ended_with_eos)
+                if len(traj.prompt_ids) + len(traj.response_ids) + len(delta) >= limit:
+                    # No room for the reply plus at least one policy token: the episode ends here,
+                    # and the dropped reply is recorded rather than silently lost.
+                    record.info["dropped_reply_tokens"] = len(delta)
+                    traj.stop_reason = "max_total_tokens"
+                    break
+                self._append_env(traj, delta)
+                record.tool_tokens = len(delta)
+        finally:
+            if env is not None:
+                try:
+                    await in_env(env.close)
+                except Exception as exc:  # a failing close must not lose the episode
+                    log.warning("episode %s: env.close failed: %s", traj.traj_id, exc)
+            timings["total"] = time.perf_counter() - started
+        return traj
+
+    @staticmethod
+    def _append_policy(traj: Trajectory, completion: Completion) -> None:
+        n = len(completion.token_ids)
+        traj.response_ids.extend(completion.token_ids)
+        traj.response_mask.extend([1] * n)
+        traj.log_probs.extend(completion.log_probs)
+        traj.token_rewards.extend([0.0] * n)
+        traj.num_policy_tokens += n
+        traj.check()
+
+    @staticmethod
+    def _append_env(traj: Trajectory, delta: list[int]) -> None:
+        n = len(delta)
+        traj.response_ids.extend(delta)
+        traj.response_mask.extend([0] * n)
+        traj.log_probs.extend([0.0] * n)
+        traj.token_rewards.extend([0.0] * n)
+        traj.num_tool_tokens += n
+        traj.check()
+
+
+def _reset_args(task: Task) -> tuple[int | None, dict[str, Any] | None]:
+    if isinstance(task, bool) or not isinstance(task, (int, Mapping)):
+        raise TypeError(f"a task is an int seed or a mapping of reset options, got {type(task).__name__}")
+    if isinstance(task, int):
+        return task, None
+    options = dict(task)
+    seed = options.pop("seed", None)
+    return seed, options or None

