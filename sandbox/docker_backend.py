@@ -71,7 +71,8 @@ def container_kwargs(limits: Limits, cpus: float) -> dict[str, Any]:
         "ulimits": [_ulimit("nofile", limits.open_files), _ulimit("core", 0)],
         # noexec: code may write files but not run binaries it dropped there.
         "tmpfs": {
-            "/workspace": f"rw,nosuid,nodev,noexec,{disk},mode=1777",
+            # uid/gid: this engine ignores mode= for a tmpfs over an image directory.
+            "/workspace": f"rw,nosuid,nodev,noexec,{disk},uid=10001,gid=10001,mode=0700",
             "/tmp": f"rw,nosuid,nodev,noexec,{disk},mode=1777",
         },
     }
