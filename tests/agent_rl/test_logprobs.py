@@ -1,0 +1,201 @@
+"""Chunked log-probs / entropy / sum p^2 against a naive full softmax: values and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agent_rl.logprobs import causal_lm_token_stats, token_stats_from_hidden
+
+
+def naive_stats(hidden, weight, targets, bias=None, temperature=1.0):
+    logits = hidden @ weight.T  # (..., V)
+    if bias is not None:
+        logits = logits + bias
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    log_p = torch.log_softmax(z, dim=-1)
+    p = log_p.exp()
+    return (
+        log_p.gather(-1, targets[..., None]).squeeze(-1),
+        -(p * log_p).sum(-1),
+        p.square().sum(-1),
+    )
+
+
+def make_head(seed=0, B=3, L=9, H=16, V=40, scale=0.5, bias=True, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = (torch.randn(B, L, H, generator=gen) * scale).to(dtype).requires_grad_()
+    weight = torch.randn(V, H, generator=gen).to(dtype).requires_grad_()
+    b = torch.randn(V, generator=gen).to(dtype).requires_grad_() if bias else None
+    targets = torch.randint(0, V, (B, L), generator=gen)
+    return hidden, weight, b, targets
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 27, 1000])
+@pytest.mark.parametrize("temperature", [1.0, 0.6, 1.7])
+@pytest.mark.parametrize("bias", [False, True])
+def test_values_match_naive_softmax(chunk_size, temperature, bias):
+    hidden, weight, b, targets = make_head(bias=bias)
+    stats = token_stats_from_hidden(
+        hidden, weight, targets, bias=b, temperature=temperature, chunk_size=chunk_size
+    )
+    lp, ent, sp2 = naive_stats(hidden, weight, targets, b, temperature)
+    assert stats.log_probs.shape == targets.shape
+    torch.testing.assert_close(stats.log_probs, lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(stats.entropy, ent, atol=1e-5, rtol=0)
+    torch.testing.assert_close(stats.sum_pi_squared, sp2, atol=1e-5, rtol=0)
+
+
+def test_sum_pi_squared_logsumexp_path_without_entropy_and_extreme_logits():
+    # logits in the thousands: a direct exp(2 z) would overflow even in float64 (exp(709) is the limit)
+    hidden, weight, b, targets = make_head(scale=60.0, dtype=torch.float64)
+    assert (hidden @ weight.T).abs().max() > 400
+    stats = token_stats_from_hidden(hidden, weight, targets, bias=b, with_entropy=False, chunk_size=5)
+    assert stats.entropy is None
+    _, _, sp2 = naive_stats(hidden, weight, targets, b)
+    torch.testing.assert_close(stats.sum_pi_squared, sp2, atol=1e-12, rtol=0)
+    both = token_stats_from_hidden(hidden, weight, targets, bias=b, chunk_size=5)
+    torch.testing.assert_close(both.sum_pi_squared, stats.sum_pi_squared, atol=1e-12, rtol=0)
+    low = token_stats_from_hidden(hidden.float(), weight.float(), targets, bias=b.float(), with_entropy=False)
+    assert torch.isfinite(low.sum_pi_squared).all()
+    assert ((low.sum_pi_squared > 0) & (low.sum_pi_squared <= 1 + 1e-6)).all()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("use", ["log_probs", "entropy", "both"])
+def test_gradients_match_naive_softmax(temperature, use):
+    hidden, weight, b, targets = make_head(seed=1)
+    gen = torch.Generator().manual_seed(2)
+    a = torch.randn(targets.shape, generator=gen)
+    c = torch.randn(targets.shape, generator=gen)
+
+    def objective(lp, ent):
+        terms = {"log_probs": (a * lp).sum(), "entropy": (c * ent).sum()}
+        return terms["log_probs"] + terms["entropy"] if use == "both" else terms[use]
+
+    stats = token_stats_from_hidden(hidden, weight, targets, bias=b, temperature=temperature, chunk_size=5)
+    got = torch.autograd.grad(objective(stats.log_probs, stats.entropy), (hidden, weight, b))
+    lp, ent, _ = naive_stats(hidden, weight, targets, b, temperature)
+    want = torch.autograd.grad(objective(lp, ent), (hidden, weight, b))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_gradcheck_float64():
+    hidden, weight, b, targets = make_head(seed=3, B=2, L=5, H=6, V=11, dtype=torch.float64)
+
+    def fn(h, w, bb):
+        s = token_stats_from_hidden(h, w, targets, bias=bb, temperature=0.8, chunk_size=3)
+        return s.log_probs, s.entropy
+
+    assert torch.autograd.gradcheck(fn, (hidden, weight, b))
+
+
+def test_no_grad_path_and_detached_sum_pi_squared():
+    hidden, weight, b, targets = make_head()
+    with torch.no_grad():
+        plain = token_stats_from_hidden(hidden, weight, targets, bias=b, chunk_size=4)
+    tracked = token_stats_from_hidden(hidden, weight, targets, bias=b, chunk_size=4)
+    assert not plain.log_probs.requires_grad and tracked.log_probs.requires_grad
+    assert not tracked.sum_pi_squared.requires_grad
+    torch.testing.assert_close(plain.log_probs, tracked.log_probs.detach(), atol=0, rtol=0)
+
+
+def test_bfloat16_model_statistics_are_float32_and_close():
+    hidden, weight, b, targets = make_head(dtype=torch.bfloat16, scale=1.0)
+    stats = token_stats_from_hidden(hidden, weight, targets, bias=b, chunk_size=7)
+    assert stats.log_probs.dtype == torch.float32
+    lp, ent, sp2 = naive_stats(hidden, weight, targets, b)
+    torch.testing.assert_close(stats.log_probs, lp, atol=1e-5, rtol=0)
+    stats.log_probs.sum().backward()
+    assert hidden.grad.dtype == torch.bfloat16 and weight.grad.dtype == torch.bfloat16
+
+
+def test_backward_never_saves_a_full_logits_tensor():
+    # The property the chunking exists for: autograd keeps nothing of size (N x V).
+    hidden, weight, b, targets = make_head(B=4, L=32, H=8, V=300)
+    n_tokens, vocab = targets.numel(), weight.shape[0]
+    saved: list[int] = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        stats = token_stats_from_hidden(hidden, weight, targets, bias=b, chunk_size=16)
+        stats.log_probs.sum().backward()
+    assert saved, "the custom function must save its inputs"
+    assert max(saved) < n_tokens * vocab / 4
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        naive_stats(hidden, weight, targets, b)
+    assert max(saved) >= n_tokens * vocab  # sanity: the naive path does save full logits
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(temperature=0.0), "temperature"),
+        (dict(chunk_size=0), "chunk_size"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, match):
+    hidden, weight, b, targets = make_head()
+    with pytest.raises(ValueError, match=match):
+        token_stats_from_hidden(hidden, weight, targets, **kwargs)
+
+
+def test_bad_targets_and_shapes_raise():
+    hidden, weight, _, targets = make_head(V=40)
+    with pytest.raises(ValueError, match="token ids"):
+        token_stats_from_hidden(hidden, weight, targets + 40)
+    with pytest.raises(ValueError, match="leading dims"):
+        token_stats_from_hidden(hidden, weight, targets[:, :-1])
+    with pytest.raises(ValueError, match="weight must be"):
+        token_stats_from_hidden(hidden, weight[:, :-1], targets)
+
+
+# ---------------------------------------------------------------- real HF model (tiny Qwen2, tied embeddings)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model_dir):
+    from agent_rl.tiny_model import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(tiny_model_dir)
+    return model
+
+
+def test_causal_lm_stats_match_model_logits(tiny_model):
+    model = tiny_model
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (3, 14), generator=gen)
+    attention = torch.ones_like(ids)
+    attention[1, :4] = 0  # left padding
+    stats = causal_lm_token_stats(model, ids, attention, response_length=6, temperature=0.9, chunk_size=5)
+    logits = model(input_ids=ids, attention_mask=attention).logits[
+        :, -7:-1
+    ]  # positions predicting the last 6
+    lp, ent, sp2 = naive_stats_from_logits(logits, ids[:, -6:], 0.9)
+    torch.testing.assert_close(stats.log_probs, lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(stats.entropy, ent, atol=1e-5, rtol=0)
+    torch.testing.assert_close(stats.sum_pi_squared, sp2, atol=1e-5, rtol=0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    got = torch.autograd.grad(stats.log_probs.sum() + 0.1 * stats.entropy.sum(), params)
+    want = torch.autograd.grad(lp.sum() + 0.1 * ent.sum(), params)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+def naive_stats_from_logits(logits, targets, temperature):
+    log_p = torch.log_softmax(logits.float() / temperature, dim=-1)
+    p = log_p.exp()
+    return log_p.gather(-1, targets[..., None]).squeeze(-1), -(p * log_p).sum(-1), p.square().sum(-1)
+
+
+def test_causal_lm_rejects_bad_response_length(tiny_model):
+    ids = torch.zeros(1, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="response_length"):
+        causal_lm_token_stats(tiny_model, ids, response_length=5)
+    full = causal_lm_token_stats(tiny_model, ids)
+    assert full.log_probs.shape == (1, 4)
