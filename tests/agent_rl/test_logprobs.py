@@ -107,6 +107,8 @@ def test_bfloat16_model_statistics_are_float32_and_close():
     assert stats.log_probs.dtype == torch.float32
     lp, ent, sp2 = naive_stats(hidden, weight, targets, b)
     torch.testing.assert_close(stats.log_probs, lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(stats.entropy, ent, atol=1e-5, rtol=0)
+    torch.testing.assert_close(stats.sum_pi_squared, sp2, atol=1e-5, rtol=0)
     stats.log_probs.sum().backward()
     assert hidden.grad.dtype == torch.bfloat16 and weight.grad.dtype == torch.bfloat16
 
@@ -140,7 +142,7 @@ def test_backward_never_saves_a_full_logits_tensor():
     ],
 )
 def test_bad_arguments_raise(kwargs, match):
-    hidden, weight, b, targets = make_head()
+    hidden, weight, _, targets = make_head()
     with pytest.raises(ValueError, match=match):
         token_stats_from_hidden(hidden, weight, targets, **kwargs)
 
