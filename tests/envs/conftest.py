@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
-from sandbox import ExecResult, LocalSandbox, SandboxUnavailable
 
 import envs
+from sandbox import ExecResult, LocalSandbox, SandboxUnavailable
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,11 @@ from envs import GeneratedTasks, PythonMathEnv, RewardConfig, Task, ToolEnv
 from envs.tools import CalculatorTool
 from tests.envs.conftest import FaultyBackend
 
-TASK = Task(problem="Compute 123456789 * 987654321.", answer="121932631112635269", solution_code="print(123456789 * 987654321)")
+TASK = Task(
+    problem="Compute 123456789 * 987654321.",
+    answer="121932631112635269",
+    solution_code="print(123456789 * 987654321)",
+)
 
 
 @pytest.fixture
@@ -72,7 +76,7 @@ def test_turn_limit_truncates(env) -> None:
 def test_tool_budget_and_per_turn_limit(sandbox) -> None:
     env = ToolEnv([TASK], sandbox=sandbox, max_turns=5, max_tool_calls=2, max_calls_per_turn=1)
     env.reset(seed=0)
-    obs, *_ , info = env.step("```python\nprint(1)\n```\n```python\nprint(2)\n```")
+    obs, *_, info = env.step("```python\nprint(1)\n```\n```python\nprint(2)\n```")
     assert obs[0]["content"] == "```output\n1\n```" and "at most 1 tool calls per turn" in obs[1]["content"]
     env.step("```python\nprint(3)\n```")
     _, _, terminated, truncated, info = env.step("```python\nprint(4)\n```")
@@ -133,7 +137,7 @@ def test_outage_at_reset_is_reported_and_retried() -> None:
     _, info = env.reset(seed=0)
     assert "worker pool exhausted" in info["infra_error"]
     backend.fail_open = False
-    obs, *_ , info = env.step("```python\nprint(1)\n```")
+    obs, *_, info = env.step("```python\nprint(1)\n```")
     assert obs[0]["content"] == "```output\nran\n```" and "infra_error" not in info
 
 
@@ -172,7 +176,7 @@ def test_single_turn_variant_ends_after_one_turn() -> None:
 
 def test_task_selection_by_index_and_seed(sandbox) -> None:
     env = PythonMathEnv(sandbox=sandbox, seed=5)
-    a, info = env.reset(options={"task_index": 17})
+    _, info = env.reset(options={"task_index": 17})
     assert env.task == GeneratedTasks(seed=5)[17] and info["task_index"] == 17
     assert env.reset(seed=3)[0] == env.reset(seed=3)[0]
     with pytest.raises(ValueError, match="task_index"):

@@ -69,8 +69,28 @@ def test_answers_last_wins_and_nested_braces() -> None:
 
 
 ADVERSARIAL = st.sampled_from(
-    ["```", "```python\n", "```py", "\n```", "<tool_call>", "</tool_call>", "{", "}", '"name"', ":", "\\boxed{",
-     "<answer>", "</answer>", "[", "\"arguments\"", "\x00", "\u202e", "💥", "\\", "\n"]
+    [
+        "```",
+        "```python\n",
+        "```py",
+        "\n```",
+        "<tool_call>",
+        "</tool_call>",
+        "{",
+        "}",
+        '"name"',
+        ":",
+        "\\boxed{",
+        "<answer>",
+        "</answer>",
+        "[",
+        '"arguments"',
+        "\x00",
+        "\u202e",
+        "💥",
+        "\\",
+        "\n",
+    ]
 )
 TEXT = st.lists(st.one_of(ADVERSARIAL, st.text(max_size=20)), max_size=60).map("".join)
 
@@ -86,8 +106,12 @@ def test_parsers_never_raise_on_any_text(text: str) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3)))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+    )
+)
 def test_hermes_any_json_payload_is_call_or_error(payload: object) -> None:
     turn = HermesFormat().parse(f"<tool_call>{json.dumps(payload)}</tool_call>")
     assert len(turn.items) == 1

@@ -64,7 +64,7 @@ def test_load_errors_name_the_problem(tmp_path) -> None:
     with pytest.raises(ValueError, match="problem_field="):
         load_tasks(tmp_path / "d.jsonl")
     (tmp_path / "bad.jsonl").write_text("{not json\n")
-    with pytest.raises(ValueError, match="bad.jsonl:1"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
         load_tasks(tmp_path / "bad.jsonl")
     with pytest.raises(FileNotFoundError):
         load_tasks(tmp_path / "missing.jsonl")

@@ -16,8 +16,12 @@ def test_truncate_keeps_head_and_tail_with_marker() -> None:
 
 @pytest.mark.parametrize(
     ("expression", "expected"),
-    [("2**100 % 7", str(2**100 % 7)), ("factorial(20)", "2432902008176640000"), ("pow(3, 10**9, 1000)",
-     str(pow(3, 10**9, 1000))), ("(1+2)*3 - 4//3", "8")],
+    [
+        ("2**100 % 7", str(2**100 % 7)),
+        ("factorial(20)", "2432902008176640000"),
+        ("pow(3, 10**9, 1000)", str(pow(3, 10**9, 1000))),
+        ("(1+2)*3 - 4//3", "8"),
+    ],
 )
 def test_calculator_computes_exactly(expression: str, expected: str) -> None:
     out = CalculatorTool().call({"expression": expression})
@@ -56,7 +60,11 @@ def test_python_tool_reports_errors_timeouts_and_values(sandbox) -> None:
     tool.open()
     try:
         err = tool.call({"code": "1/0"})
-        assert not err.ok and "ZeroDivisionError" in err.text and err.metadata["error_type"] == "ZeroDivisionError"
+        assert (
+            not err.ok
+            and "ZeroDivisionError" in err.text
+            and err.metadata["error_type"] == "ZeroDivisionError"
+        )
         slow = tool.call({"code": "while True: pass"})
         assert not slow.ok and slow.metadata["timed_out"] and "TimeoutError" in slow.text
         assert tool.call({"code": "6 * 7"}).text == "42"  # trailing expression value, notebook style
