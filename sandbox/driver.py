@@ -9,6 +9,7 @@ limit fired, and marks ``session_restarted`` when the next cell will run in a fr
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
@@ -58,6 +59,12 @@ def classify_death(rc: int | None, oom: bool, limits: Limits) -> ExecResult:
     return r
 
 
+async def _to_thread(fn: Callable[[], Any]) -> Any:
+    import anyio  # only the async path needs it (it ships with httpx and FastAPI)
+
+    return await anyio.to_thread.run_sync(fn)
+
+
 class SessionCore:
     """Serialises a session's cells onto its current worker (thread-safe)."""
 
@@ -97,42 +104,85 @@ class SessionCore:
     ) -> ExecResult:
         limits = limits or self.limits
         with self._lock:
-            if self.closed:
-                raise SandboxUnavailable("session is closed")
-            self.last_used = time.monotonic()
-            worker = self.ensure_worker()
+            worker = self._begin()
             t0 = time.perf_counter()
             try:
                 if files:
                     reply = worker.channel.request({"op": "put_files", "files": files}, limits.wall_s)
                     if reply.get("error"):
-                        return result_from_reply(reply, time.perf_counter() - t0)
+                        return self._finish(result_from_reply(reply, 0.0), t0)
                 reply = worker.channel.request(
                     exec_request(code, limits, want_value=want_value, stdin=stdin), limits.wall_s
                 )
-            except ChannelTimeout:
-                result = ExecResult(
-                    timed_out=True,
-                    limit="wall_time",
-                    session_restarted=True,
-                    error=ExecError(
-                        "TimeoutError", f"execution exceeded the {limits.wall_s:g} s wall-time limit"
-                    ),
+            except ChannelError as e:
+                return self._finish(self._failed(worker, e, limits), t0)
+            return self._finish(self._replied(reply), t0)
+
+    async def run_async(
+        self,
+        code: str,
+        limits: Limits | None = None,
+        *,
+        want_value: bool = True,
+        stdin: str | None = None,
+        files: dict[str, str] | None = None,
+    ) -> ExecResult:
+        """Like ``run`` but waits on the event loop instead of a thread when the worker is warm."""
+        limits = limits or self.limits
+        if files or self.worker is None or not self._lock.acquire(blocking=False):
+            # Starting a worker or waiting for a busy session blocks: do that on a thread.
+            return await _to_thread(
+                functools.partial(self.run, code, limits, want_value=want_value, stdin=stdin, files=files)
+            )
+        try:
+            worker = self._begin()
+            t0 = time.perf_counter()
+            try:
+                reply = await worker.channel.request_async(
+                    exec_request(code, limits, want_value=want_value, stdin=stdin), limits.wall_s
                 )
-                self._drop_worker()
-            except ChannelError:
-                rc = worker.wait_exit(1.0)
-                result = classify_death(rc, worker.oom_killed(), limits)
-                self._drop_worker()
-            else:
-                result = result_from_reply(reply, 0.0)
-                if reply.get("restart"):
-                    result.session_restarted = True
-                    self._drop_worker()
-            result.duration_s = time.perf_counter() - t0
-            self.executions += 1
-            self.last_used = time.monotonic()
-            return result
+            except ChannelError as e:
+                result = await _to_thread(functools.partial(self._failed, worker, e, limits))
+                return self._finish(result, t0)
+            if reply.get("restart"):
+                return self._finish(await _to_thread(functools.partial(self._replied, reply)), t0)
+            return self._finish(self._replied(reply), t0)
+        finally:
+            self._lock.release()
+
+    def _begin(self) -> WorkerHandle:
+        if self.closed:
+            raise SandboxUnavailable("session is closed")
+        self.last_used = time.monotonic()
+        return self.ensure_worker()
+
+    def _failed(self, worker: WorkerHandle, e: ChannelError, limits: Limits) -> ExecResult:
+        if isinstance(e, ChannelTimeout):
+            result = ExecResult(
+                timed_out=True,
+                limit="wall_time",
+                session_restarted=True,
+                error=ExecError(
+                    "TimeoutError", f"execution exceeded the {limits.wall_s:g} s wall-time limit"
+                ),
+            )
+        else:
+            result = classify_death(worker.wait_exit(1.0), worker.oom_killed(), limits)
+        self._drop_worker()
+        return result
+
+    def _replied(self, reply: dict[str, Any]) -> ExecResult:
+        result = result_from_reply(reply, 0.0)
+        if reply.get("restart"):
+            result.session_restarted = True
+            self._drop_worker()
+        return result
+
+    def _finish(self, result: ExecResult, t0: float) -> ExecResult:
+        result.duration_s = time.perf_counter() - t0
+        self.executions += 1
+        self.last_used = time.monotonic()
+        return result
 
     def _drop_worker(self) -> None:
         worker, self.worker = self.worker, None

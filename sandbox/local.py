@@ -107,6 +107,22 @@ class LocalSession:
         lim = exec_limits(self.core.limits, self.sandbox.max_limits, timeout_s, limits)
         return self.core.run(code, lim, want_value=want_value, stdin=stdin, files=files)
 
+    async def run_async(
+        self,
+        code: str,
+        *,
+        timeout_s: float | None = None,
+        want_value: bool = True,
+        stdin: str | None = None,
+        files: dict[str, str] | None = None,
+        **limits: Any,
+    ) -> ExecResult:
+        """``run`` for asyncio callers: waits on the event loop, not a thread, when it can."""
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        lim = exec_limits(self.core.limits, self.sandbox.max_limits, timeout_s, limits)
+        return await self.core.run_async(code, lim, want_value=want_value, stdin=stdin, files=files)
+
     def close(self) -> None:
         self.core.close()
         self.sandbox._forget(self.id)
@@ -193,6 +209,46 @@ class LocalSandbox:
         finally:
             core.close()
         result.session_restarted = False  # nothing persists in a one-shot, so nothing was lost
+        return result
+
+    async def run_async(
+        self,
+        code: str,
+        *,
+        timeout_s: float | None = None,
+        stdin: str | None = None,
+        files: dict[str, str] | None = None,
+        want_value: bool = True,
+        **limit_overrides: Any,
+    ) -> ExecResult:
+        """One-shot for asyncio callers; a warm worker is used without any thread hop."""
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        per_exec = {k: v for k, v in limit_overrides.items() if k in PER_EXECUTION}
+        per_session = {k: v for k, v in limit_overrides.items() if k not in PER_EXECUTION}
+        limits = self.limits.updated(per_session, self.max_limits)
+        lim = exec_limits(limits, self.max_limits, timeout_s, per_exec)
+        worker = None if files else self.pool.try_acquire(limits)
+        if worker is None:
+            import anyio
+
+            return await anyio.to_thread.run_sync(
+                lambda: self.run(
+                    code,
+                    timeout_s=timeout_s,
+                    stdin=stdin,
+                    files=files,
+                    want_value=want_value,
+                    **limit_overrides,
+                )
+            )
+        core = SessionCore(lambda: self.pool.acquire(limits), self.pool.release, limits)
+        core.worker = worker
+        try:
+            result = await core.run_async(code, lim, want_value=want_value, stdin=stdin)
+        finally:
+            core.close()
+        result.session_restarted = False
         return result
 
     def run_batch(

@@ -68,6 +68,20 @@ class WorkerPool:
         with self._cond:
             return self._cond.wait_for(lambda: len(self._ready) >= want or self._closed, timeout_s)
 
+    def try_acquire(self, limits: Limits | None = None) -> WorkerProcess | None:
+        """A warm worker at once, or None (then call ``acquire`` on a thread: it may start one)."""
+        limits = limits or self.limits
+        if self._closed or limits.session_key() != self.limits.session_key():
+            return None
+        with self._cond:
+            while self._ready:
+                worker = self._ready.pop()
+                self._cond.notify_all()
+                if worker.alive():
+                    return worker
+                self._reap_q.put(worker)
+        return None
+
     def acquire(self, limits: Limits | None = None) -> WorkerProcess:
         limits = limits or self.limits
         if self._closed:

@@ -21,6 +21,7 @@ Errors: ``ChannelTimeout`` (no reply before the deadline: the caller should kill
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -105,6 +106,39 @@ class WorkerChannel:
                 return reply
             # A reply without our id came from a process the cell forked: the channel is poisoned.
             raise ProtocolError(f"unexpected reply id {reply.get('id')!r} (expected {self._next_id})")
+
+    async def request_async(self, obj: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
+        """``request`` without a thread: the event loop watches the pipe (for the HTTP server)."""
+        self._next_id += 1
+        want = self._next_id
+        self.send({**obj, "id": want})
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[dict[str, Any]] = loop.create_future()
+
+        def on_readable() -> None:
+            if fut.done():
+                return
+            try:
+                self._fill()
+                frame = self._take_frame()
+            except ChannelError as e:
+                fut.set_exception(e)
+                return
+            if frame is not None:
+                if frame.get("id") == want:
+                    fut.set_result(frame)
+                else:
+                    fut.set_exception(
+                        ProtocolError(f"unexpected reply id {frame.get('id')!r} (expected {want})")
+                    )
+
+        loop.add_reader(self.read_fd, on_readable)
+        try:
+            return await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError as e:
+            raise ChannelTimeout("no reply before the deadline") from e
+        finally:
+            loop.remove_reader(self.read_fd)
 
     def _fill(self) -> None:
         while True:

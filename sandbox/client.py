@@ -1,0 +1,299 @@
+"""HTTP clients with LocalSandbox's shape: ``Client`` (sync) and ``AsyncClient`` (asyncio).
+
+Both keep one pooled httpx connection pool. Failures of the service (unreachable, 5xx, still
+overloaded after the retries that Retry-After asks for) raise ``SandboxUnavailable``; a request the
+server rejects as bad (4xx) raises ``SandboxRequestError``; the user's code failing is an
+``ExecResult`` like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+
+from sandbox.result import ExecResult, SandboxUnavailable
+
+_HTTP_SLACK_S = 30.0  # the server kills a cell at its wall limit; allow for restart and transfer
+
+
+class SandboxRequestError(ValueError):
+    """The server rejected the request (4xx): bad code size, limits, unknown session, ..."""
+
+    def __init__(self, status: int, detail: Any) -> None:
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _exec_body(code: str, timeout_s: float | None, limits: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": code, "limits": limits}
+    if timeout_s is not None:
+        body["timeout_s"] = timeout_s
+    body.update({k: v for k, v in extra.items() if v is not None})
+    return body
+
+
+def _http_timeout(timeout_s: float | None, limits: dict[str, Any]) -> float:
+    wall = timeout_s or limits.get("wall_s") or 300.0
+    return float(wall) + _HTTP_SLACK_S
+
+
+def _decode(resp: httpx.Response) -> Any:
+    if resp.status_code >= 500:
+        raise SandboxUnavailable(f"sandbox server error {resp.status_code}: {resp.text[:500]}")
+    if resp.status_code >= 400:
+        try:
+            detail = resp.json().get("detail")
+        except ValueError:
+            detail = resp.text[:500]
+        raise SandboxRequestError(resp.status_code, detail)
+    if resp.status_code == 204:
+        return None
+    try:
+        return resp.json()
+    except ValueError as e:
+        raise SandboxUnavailable(f"sandbox server sent invalid JSON: {e}") from e
+
+
+def _retry_after(resp: httpx.Response) -> float:
+    try:
+        return min(30.0, max(0.05, float(resp.headers.get("retry-after", "1"))))
+    except ValueError:
+        return 1.0
+
+
+class RemoteSession:
+    def __init__(self, client: Client, session_id: str) -> None:
+        self.client = client
+        self.id = session_id
+        self.closed = False
+
+    def run(
+        self,
+        code: str,
+        *,
+        timeout_s: float | None = None,
+        want_value: bool = True,
+        stdin: str | None = None,
+        files: dict[str, str] | None = None,
+        **limits: Any,
+    ) -> ExecResult:
+        body = _exec_body(code, timeout_s, limits, want_value=want_value, stdin=stdin, files=files)
+        data = self.client._request(
+            "POST", f"/v1/sessions/{self.id}/execute", json=body, timeout=_http_timeout(timeout_s, limits)
+        )
+        return ExecResult.from_dict(data)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.client._request("DELETE", f"/v1/sessions/{self.id}")
+        except SandboxRequestError as e:
+            if e.status != 404:  # already expired: nothing left to close
+                raise
+
+    def __enter__(self) -> RemoteSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Client:
+    """Synchronous client: ``with Client(url).session() as s: s.run("print(1)")``."""
+
+    def __init__(
+        self, url: str, token: str | None = None, *, retries: int = 5, timeout_s: float = 60.0
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.retries = retries
+        self._http = httpx.Client(base_url=self.url, headers=_headers(token), timeout=timeout_s)
+
+    def _request(self, method: str, path: str, **kw: Any) -> Any:
+        for attempt in range(self.retries + 1):
+            try:
+                resp = self._http.request(method, path, **kw)
+            except httpx.HTTPError as e:
+                raise SandboxUnavailable(f"sandbox server {self.url} unreachable: {e}") from e
+            if resp.status_code == 429 and attempt < self.retries:
+                time.sleep(_retry_after(resp))
+                continue
+            if resp.status_code == 429:
+                raise SandboxUnavailable(f"sandbox server overloaded: {resp.text[:300]}")
+            return _decode(resp)
+        raise AssertionError("unreachable")
+
+    def session(self, **limits: Any) -> RemoteSession:
+        data = self._request("POST", "/v1/sessions", json={"limits": limits})
+        return RemoteSession(self, data["id"])
+
+    def run(
+        self, code: str, *, timeout_s: float | None = None, stdin: str | None = None, **limits: Any
+    ) -> ExecResult:
+        body = _exec_body(code, timeout_s, limits, stdin=stdin)
+        data = self._request("POST", "/v1/execute", json=body, timeout=_http_timeout(timeout_s, limits))
+        return ExecResult.from_dict(data)
+
+    def run_batch(
+        self, codes: list[str], *, timeout_s: float | None = None, **limits: Any
+    ) -> list[ExecResult]:
+        body = {"programs": [_exec_body(c, timeout_s, limits) for c in codes]}
+        data = self._request("POST", "/v1/batch", json=body, timeout=_http_timeout(timeout_s, limits) * 2)
+        return [ExecResult.from_dict(r) for r in data["results"]]
+
+    def healthy(self) -> bool:
+        try:
+            return self._http.get("/healthz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncRemoteSession:
+    def __init__(self, client: AsyncClient, session_id: str) -> None:
+        self.client = client
+        self.id = session_id
+        self.closed = False
+
+    async def run(
+        self,
+        code: str,
+        *,
+        timeout_s: float | None = None,
+        want_value: bool = True,
+        stdin: str | None = None,
+        files: dict[str, str] | None = None,
+        **limits: Any,
+    ) -> ExecResult:
+        body = _exec_body(code, timeout_s, limits, want_value=want_value, stdin=stdin, files=files)
+        data = await self.client._request(
+            "POST", f"/v1/sessions/{self.id}/execute", json=body, timeout=_http_timeout(timeout_s, limits)
+        )
+        return ExecResult.from_dict(data)
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            await self.client._request("DELETE", f"/v1/sessions/{self.id}")
+        except SandboxRequestError as e:
+            if e.status != 404:
+                raise
+
+    async def __aenter__(self) -> AsyncRemoteSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class _SessionStarter:
+    """``async with client.session() as s`` and ``s = await client.session()`` both work."""
+
+    def __init__(self, client: AsyncClient, limits: dict[str, Any]) -> None:
+        self.client = client
+        self.limits = limits
+        self.session: AsyncRemoteSession | None = None
+
+    async def _open(self) -> AsyncRemoteSession:
+        data = await self.client._request("POST", "/v1/sessions", json={"limits": self.limits})
+        self.session = AsyncRemoteSession(self.client, data["id"])
+        return self.session
+
+    def __await__(self) -> Any:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> AsyncRemoteSession:
+        return await self._open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+
+class AsyncClient:
+    """asyncio client over one pooled ``httpx.AsyncClient``."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        retries: int = 5,
+        timeout_s: float = 60.0,
+        max_connections: int = 256,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.retries = retries
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers=_headers(token),
+            timeout=timeout_s,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    async def _request(self, method: str, path: str, **kw: Any) -> Any:
+        for attempt in range(self.retries + 1):
+            try:
+                resp = await self._http.request(method, path, **kw)
+            except httpx.HTTPError as e:
+                raise SandboxUnavailable(f"sandbox server {self.url} unreachable: {e}") from e
+            if resp.status_code == 429 and attempt < self.retries:
+                await asyncio.sleep(_retry_after(resp))
+                continue
+            if resp.status_code == 429:
+                raise SandboxUnavailable(f"sandbox server overloaded: {resp.text[:300]}")
+            return _decode(resp)
+        raise AssertionError("unreachable")
+
+    def session(self, **limits: Any) -> _SessionStarter:
+        return _SessionStarter(self, limits)
+
+    async def run(
+        self, code: str, *, timeout_s: float | None = None, stdin: str | None = None, **limits: Any
+    ) -> ExecResult:
+        body = _exec_body(code, timeout_s, limits, stdin=stdin)
+        data = await self._request("POST", "/v1/execute", json=body, timeout=_http_timeout(timeout_s, limits))
+        return ExecResult.from_dict(data)
+
+    async def run_batch(
+        self, codes: list[str], *, timeout_s: float | None = None, **limits: Any
+    ) -> list[ExecResult]:
+        body = {"programs": [_exec_body(c, timeout_s, limits) for c in codes]}
+        data = await self._request(
+            "POST", "/v1/batch", json=body, timeout=_http_timeout(timeout_s, limits) * 2
+        )
+        return [ExecResult.from_dict(r) for r in data["results"]]
+
+    async def healthy(self) -> bool:
+        try:
+            return (await self._http.get("/healthz")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,314 @@
+"""The HTTP service: ``create_app(settings)`` builds it; nothing is started at import time.
+
+Routes: ``/v1/sessions`` (create, get, delete), ``/v1/sessions/{id}/execute``, ``/v1/execute``
+(one-shot), ``/v1/batch``, SandboxFusion's ``/run_code``, ``/healthz``, ``/readyz``, ``/metrics``
+and the OpenAPI docs at ``/docs``. Every bad request gets a 4xx with a message; overload gets 429
+with Retry-After at once, never a hang; infrastructure failure gets 503.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sandbox.limits import PER_EXECUTION, LimitError
+from sandbox.local import LocalSandbox, LocalSession
+from sandbox.result import ExecResult, SandboxUnavailable
+from sandbox.server.fusion import fusion_response
+from sandbox.server.schemas import (
+    BatchIn,
+    BatchPublic,
+    ExecResultPublic,
+    ExecuteIn,
+    RunCodeRequest,
+    RunCodeResponse,
+    SessionCreate,
+    SessionPublic,
+)
+from sandbox.server.state import Overloaded, ServerState
+from sandbox.settings import SandboxSettings
+
+log = logging.getLogger("sandbox")
+
+
+def get_state(request: Request) -> ServerState:
+    return request.app.state.sandbox_state
+
+
+StateDep = Annotated[ServerState, Depends(get_state)]
+
+
+def require_token(request: Request) -> None:
+    token = request.app.state.sandbox_state.settings.auth_token
+    if token is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        given.encode(), token.get_secret_value().encode()
+    ):
+        raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+
+def _check_code(state: ServerState, code: str) -> None:
+    size = len(code.encode("utf-8", "surrogatepass"))
+    if size > state.settings.max_code_bytes:
+        raise HTTPException(413, f"code is {size} bytes; the limit is {state.settings.max_code_bytes}")
+
+
+def _split_limits(body: ExecuteIn) -> tuple[dict[str, Any], dict[str, Any]]:
+    given = body.limits.given()
+    if body.timeout_s is not None:
+        given["wall_s"] = body.timeout_s
+    per_exec = {k: v for k, v in given.items() if k in PER_EXECUTION}
+    return per_exec, {k: v for k, v in given.items() if k not in PER_EXECUTION}
+
+
+def _public(result: ExecResult) -> Any:
+    # A ready-made response skips FastAPI's second validation pass: this is the hot path.
+    return JSONResponse(result.to_dict())
+
+
+def _session_public(s: LocalSession) -> SessionPublic:
+    return SessionPublic(
+        id=s.id,
+        limits=s.limits.to_dict(),
+        executions=s.core.executions,
+        restarts=s.core.restarts,
+        idle_s=time.monotonic() - s.core.last_used,
+    )
+
+
+def _get_session(state: ServerState, session_id: str) -> LocalSession:
+    s = state.sb.get_session(session_id)
+    if s is None:
+        raise HTTPException(404, f"unknown session {session_id!r} (expired, deleted, or never created)")
+    return s
+
+
+v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], tags=["v1"])
+
+
+@v1.post("/sessions", status_code=201, response_model=SessionPublic)
+async def create_session(state: StateDep, body: SessionCreate | None = None) -> SessionPublic:
+    body = body or SessionCreate()
+    if len(state.sb.sessions) >= state.settings.max_sessions:
+        state.metrics.rejected.labels("sessions_full").inc()
+        raise Overloaded(f"{state.settings.max_sessions} sessions are open; delete one or wait for expiry")
+    limits = body.limits.given()
+    state.sb.limits.updated(limits, state.sb.max_limits)  # reject bad limits before starting anything
+    s = await anyio.to_thread.run_sync(lambda: state.sb.session(**limits))
+    state.refresh_gauges()
+    return _session_public(s)
+
+
+@v1.get("/sessions/{session_id}", response_model=SessionPublic)
+async def get_session(state: StateDep, session_id: str) -> SessionPublic:
+    return _session_public(_get_session(state, session_id))
+
+
+@v1.delete("/sessions/{session_id}", status_code=204)
+async def delete_session(state: StateDep, session_id: str) -> Response:
+    s = _get_session(state, session_id)
+    await anyio.to_thread.run_sync(s.close)
+    state.refresh_gauges()
+    return Response(status_code=204)
+
+
+@v1.post("/sessions/{session_id}/execute", response_model=ExecResultPublic)
+async def execute_in_session(state: StateDep, session_id: str, body: ExecuteIn) -> Any:
+    _check_code(state, body.code)
+    s = _get_session(state, session_id)
+    per_exec, per_session = _split_limits(body)
+    if per_session:
+        raise LimitError(f"limits {sorted(per_session)} are fixed when the session is created")
+    s.sandbox.limits.updated(per_exec, state.sb.max_limits)
+    result = await state.execute(
+        lambda: s.run_async(
+            body.code, want_value=body.want_value, stdin=body.stdin, files=body.files, **per_exec
+        )
+    )
+    state.metrics.record("session", result)
+    return _public(result)
+
+
+async def _one_shot(state: ServerState, body: ExecuteIn) -> ExecResult:
+    per_exec, per_session = _split_limits(body)
+    return await state.sb.run_async(
+        body.code, want_value=body.want_value, stdin=body.stdin, files=body.files, **per_exec, **per_session
+    )
+
+
+def _validate_one_shot(state: ServerState, body: ExecuteIn) -> None:
+    _check_code(state, body.code)
+    per_exec, per_session = _split_limits(body)
+    state.sb.limits.updated({**per_exec, **per_session}, state.sb.max_limits)
+
+
+@v1.post("/execute", response_model=ExecResultPublic)
+async def execute_once(state: StateDep, body: ExecuteIn) -> Any:
+    _validate_one_shot(state, body)
+    result = await state.execute(lambda: _one_shot(state, body))
+    state.metrics.record("execute", result)
+    return _public(result)
+
+
+@v1.post("/batch", response_model=BatchPublic)
+async def execute_batch(state: StateDep, body: BatchIn) -> Any:
+    if len(body.programs) > state.settings.max_batch:
+        raise HTTPException(
+            413, f"batch of {len(body.programs)} programs; the limit is {state.settings.max_batch}"
+        )
+    for p in body.programs:
+        _validate_one_shot(state, p)
+    free = state.settings.max_queued_executions - state.pending
+    if len(body.programs) > free:
+        state.metrics.rejected.labels("queue_full").inc()
+        raise Overloaded(f"batch of {len(body.programs)} does not fit in the queue ({free} free slots)")
+    results: list[ExecResult | None] = [None] * len(body.programs)
+
+    async def one(i: int, p: ExecuteIn) -> None:
+        results[i] = await state.execute(lambda: _one_shot(state, p))
+
+    async with anyio.create_task_group() as tg:
+        for i, p in enumerate(body.programs):
+            tg.start_soon(one, i, p)
+    for r in results:
+        assert r is not None
+        state.metrics.record("batch", r)
+    return JSONResponse({"results": [r.to_dict() for r in results if r is not None]})
+
+
+fusion = APIRouter(dependencies=[Depends(require_token)], tags=["sandboxfusion"])
+
+
+@fusion.post("/run_code", response_model=RunCodeResponse)
+async def run_code(state: StateDep, body: RunCodeRequest) -> RunCodeResponse:
+    """SandboxFusion-compatible single run: ``code`` as a script, ``files`` base64 in the workspace."""
+    if body.language != "python":
+        raise HTTPException(400, f"unsupported language {body.language!r}: this sandbox runs 'python' only")
+    _check_code(state, body.code)
+    if not 0 < body.run_timeout <= state.settings.max_limits.wall_s:
+        raise LimitError(
+            f"run_timeout must be in (0, {state.settings.max_limits.wall_s}], got {body.run_timeout}"
+        )
+    overrides: dict[str, Any] = {"wall_s": float(body.run_timeout), "cpu_s": float(body.run_timeout)}
+    if body.memory_limit_MB != -1:
+        overrides["memory_mb"] = body.memory_limit_MB
+    state.sb.limits.updated(overrides, state.sb.max_limits)
+    files = {k: v for k, v in body.files.items() if v is not None}
+    result = await state.execute(
+        lambda: state.sb.run_async(
+            body.code, want_value=False, stdin=body.stdin, files=files or None, **overrides
+        )
+    )
+    state.metrics.record("run_code", result)
+    return fusion_response(result)
+
+
+ops = APIRouter(tags=["ops"])
+
+
+@ops.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@ops.get("/readyz")
+async def readyz(state: StateDep) -> JSONResponse:
+    sb = state.sandbox
+    ready = sb is not None and not sb.closed and (sb.pool.ready_count > 0 or sb.pool.last_error is None)
+    body = {
+        "ready": ready,
+        "isolation": sb.isolation if sb else None,
+        "pool_ready": sb.pool.ready_count if sb else 0,
+        "sessions": len(sb.sessions) if sb else 0,
+        "pending_executions": state.pending,
+        "last_error": sb.pool.last_error if sb else None,
+    }
+    return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@ops.get("/metrics", dependencies=[Depends(require_token)])
+async def metrics(state: StateDep) -> Response:
+    state.refresh_gauges()
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def create_app(settings: SandboxSettings | None = None, *, sandbox: LocalSandbox | None = None) -> FastAPI:
+    """Build the service. ``sandbox`` lets tests inject a LocalSandbox (the app then won't close it)."""
+    settings = settings or SandboxSettings()
+    state = ServerState(settings, sandbox)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()  # kills and reaps every worker
+
+    app = FastAPI(
+        title="agent-rl sandbox",
+        version="1",
+        summary="Persistent, isolated Python sessions with hard limits",
+        lifespan=lifespan,
+    )
+    app.state.sandbox_state = state
+    app.include_router(v1)
+    app.include_router(fusion)
+    app.include_router(ops)
+    _install_handlers(app, settings)
+    return app
+
+
+def _install_handlers(app: FastAPI, settings: SandboxSettings) -> None:
+    body_cap = 2 * settings.max_code_bytes + (1 << 20)
+
+    @app.middleware("http")
+    async def cap_body(request: Request, call_next: Any) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > body_cap * 4):
+            return JSONResponse({"detail": f"request body too large (max about {body_cap * 4} bytes)"}, 413)
+        return await call_next(request)
+
+    @app.exception_handler(LimitError)
+    async def _limit(request: Request, exc: LimitError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(TypeError)
+    async def _type(request: Request, exc: TypeError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(Overloaded)
+    async def _overloaded(request: Request, exc: Overloaded) -> JSONResponse:
+        return JSONResponse(
+            {"detail": f"server busy: {exc}"},
+            status_code=429,
+            headers={"Retry-After": str(settings.retry_after_s)},
+        )
+
+    @app.exception_handler(SandboxUnavailable)
+    async def _unavailable(request: Request, exc: SandboxUnavailable) -> JSONResponse:
+        log.error("sandbox/infra: %s", exc)
+        if request.url.path == "/run_code":
+            return JSONResponse(RunCodeResponse(status="SandboxError", message=str(exc)).model_dump(), 503)
+        return JSONResponse({"detail": f"sandbox unavailable: {exc}"}, status_code=503)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
+        return JSONResponse({"detail": errors}, status_code=422)

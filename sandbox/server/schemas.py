@@ -1,0 +1,114 @@
+"""Request and response bodies of the HTTP API (v1 and the SandboxFusion-compatible /run_code)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LimitsIn(_Strict):
+    """Any subset of :class:`sandbox.limits.Limits`; each is checked against the server maximum."""
+
+    wall_s: float | None = None
+    cpu_s: float | None = None
+    output_bytes: int | None = None
+    session_cpu_s: float | None = None
+    memory_mb: int | None = None
+    processes: int | None = None
+    open_files: int | None = None
+    file_size_mb: int | None = None
+    disk_mb: int | None = None
+
+    def given(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class SessionCreate(_Strict):
+    limits: LimitsIn = Field(default_factory=LimitsIn)
+
+
+class SessionPublic(BaseModel):
+    id: str
+    limits: dict[str, Any]
+    executions: int = 0
+    restarts: int = 0
+    idle_s: float = 0.0
+
+
+class ExecuteIn(_Strict):
+    code: str
+    language: Literal["python"] = "python"
+    timeout_s: float | None = Field(None, description="Wall-clock limit for this execution.")
+    limits: LimitsIn = Field(default_factory=LimitsIn)
+    want_value: bool = True
+    stdin: str | None = None
+    files: dict[str, str] | None = Field(None, description="Workspace path -> base64 content.")
+
+
+class ErrorPublic(BaseModel):
+    type: str
+    message: str
+    traceback: str = ""
+    exit_code: int | None = None
+
+
+class ExecResultPublic(BaseModel):
+    stdout: str
+    stderr: str
+    ok: bool
+    value: str | None
+    error: ErrorPublic | None
+    timed_out: bool
+    memory_exceeded: bool
+    truncated: bool
+    session_restarted: bool
+    limit: str | None
+    duration_s: float
+    cpu_s: float
+    exit_code: int | None
+
+
+class BatchIn(_Strict):
+    programs: list[ExecuteIn] = Field(..., min_length=1)
+
+
+class BatchPublic(BaseModel):
+    results: list[ExecResultPublic]
+
+
+# -- SandboxFusion /run_code ------------------------------------------------------------------
+class RunCodeRequest(BaseModel):
+    """SandboxFusion's request; fields we do not use (compile_timeout, fetch_files) are accepted."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    code: str
+    language: str = "python"
+    compile_timeout: float = 10
+    run_timeout: float = 10
+    memory_limit_MB: int = -1
+    stdin: str | None = None
+    files: dict[str, str | None] = Field(default_factory=dict)
+    fetch_files: list[str] = Field(default_factory=list)
+
+
+class CommandRunResult(BaseModel):
+    status: Literal["Finished", "Error", "TimeLimitExceeded"]
+    execution_time: float | None = None
+    return_code: int | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+
+
+class RunCodeResponse(BaseModel):
+    status: Literal["Success", "Failed", "SandboxError"]
+    message: str = ""
+    compile_result: CommandRunResult | None = None
+    run_result: CommandRunResult | None = None
+    executor_pod_name: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)

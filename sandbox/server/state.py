@@ -1,0 +1,150 @@
+"""What the running server holds: the LocalSandbox, the execution gate, metrics, session expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from sandbox.local import LocalSandbox
+from sandbox.result import ExecResult
+from sandbox.settings import SandboxSettings
+
+log = logging.getLogger("sandbox")
+T = TypeVar("T")
+
+
+class Overloaded(Exception):
+    """Too many sessions or queued executions: the client should retry after a pause."""
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.executions = Counter(
+            "sandbox_executions_total",
+            "Executions by endpoint and outcome",
+            ["endpoint", "outcome"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "sandbox_execution_seconds",
+            "Wall time of executions as seen by the server",
+            ["endpoint"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.rejected = Counter("sandbox_rejected_total", "Requests answered 429", ["reason"], registry=r)
+        self.sessions = Gauge("sandbox_sessions", "Live sessions", registry=r)
+        self.pending = Gauge("sandbox_pending_executions", "Executions running or queued", registry=r)
+        self.pool_ready = Gauge("sandbox_pool_ready_workers", "Warm workers waiting in the pool", registry=r)
+        self.expired = Counter("sandbox_sessions_expired_total", "Sessions closed for idleness", registry=r)
+
+    def record(self, endpoint: str, result: ExecResult) -> None:
+        if result.limit:
+            outcome = f"limit_{result.limit}"
+        elif result.error is not None:
+            outcome = "error"
+        else:
+            outcome = "ok"
+        self.executions.labels(endpoint, outcome).inc()
+        self.latency.labels(endpoint).observe(result.duration_s)
+
+
+class ServerState:
+    def __init__(self, settings: SandboxSettings, sandbox: LocalSandbox | None = None) -> None:
+        self.settings = settings
+        self.sandbox = sandbox
+        self.owns_sandbox = sandbox is None
+        self.metrics = Metrics()
+        self.pending = 0
+        self.limiter: anyio.CapacityLimiter | None = None
+        self._expiry: asyncio.Task[None] | None = None
+        self.started = time.monotonic()
+
+    async def start(self) -> None:
+        s = self.settings
+        if self.sandbox is None:
+            self.sandbox = await anyio.to_thread.run_sync(
+                lambda: LocalSandbox(
+                    limits=s.default_limits,
+                    max_limits=s.max_limits,
+                    pool_size=s.pool_size,
+                    isolation=s.isolation,
+                    require_isolation=s.require_isolation,
+                    launch=_launch_config(s),
+                    batch_concurrency=s.max_concurrent_executions,
+                )
+            )
+        self.limiter = anyio.CapacityLimiter(s.max_concurrent_executions)
+        self._expiry = asyncio.create_task(self._expire_loop())
+
+    async def stop(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expiry
+        if self.sandbox is not None and self.owns_sandbox:
+            await anyio.to_thread.run_sync(self.sandbox.close)
+
+    @property
+    def sb(self) -> LocalSandbox:
+        assert self.sandbox is not None, "server not started"
+        return self.sandbox
+
+    async def execute(self, make: Callable[[], Awaitable[T]]) -> T:
+        """Run one execution under the concurrency cap, or refuse at once when the queue is full."""
+        if self.pending >= self.settings.max_queued_executions:
+            self.metrics.rejected.labels("queue_full").inc()
+            raise Overloaded(
+                f"{self.pending} executions are running or queued (max {self.settings.max_queued_executions})"
+            )
+        self.pending += 1
+        self.metrics.pending.set(self.pending)
+        try:
+            assert self.limiter is not None
+            async with self.limiter:
+                return await make()
+        finally:
+            self.pending -= 1
+            self.metrics.pending.set(self.pending)
+
+    async def _expire_loop(self) -> None:
+        period = min(5.0, self.settings.session_idle_timeout_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.expire_idle()
+            except Exception as e:  # expiry must never die silently
+                log.error("sandbox/expiry: %s", e)
+
+    async def expire_idle(self) -> int:
+        now = time.monotonic()
+        idle = [
+            s
+            for s in self.sb.sessions.values()
+            if not s.core.busy and now - s.core.last_used > self.settings.session_idle_timeout_s
+        ]
+        for s in idle:
+            await anyio.to_thread.run_sync(s.close)
+            self.metrics.expired.inc()
+        self.refresh_gauges()
+        return len(idle)
+
+    def refresh_gauges(self) -> None:
+        if self.sandbox is not None:
+            self.metrics.sessions.set(len(self.sandbox.sessions))
+            self.metrics.pool_ready.set(self.sandbox.pool.ready_count)
+
+
+def _launch_config(s: SandboxSettings) -> Any:
+    from sandbox.launcher import LaunchConfig
+
+    return LaunchConfig(python=s.python)
