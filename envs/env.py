@@ -38,7 +38,7 @@ from envs.spaces import Message, MessagesSpace, TextSpace
 from envs.tasks.base import ListTasks, Task, TaskSource
 from envs.tools.base import Tool, ToolInfraError, truncate_output
 from envs.tools.python import PythonTool
-from envs.verify import MathVerifier, Verification
+from envs.verify import Verification, default_verifier
 
 ANSWER_INSTRUCTION = "Put the final answer in \\boxed{}."
 
@@ -69,7 +69,6 @@ class ToolEnv(gym.Env[list[Message], str]):
         observation_role: str = "tool",
         reward: RewardConfig | None = None,
         verifier: Verifier | None = None,
-        verifier_timeout_s: float = 5.0,
         sandbox: Any = None,
         python_timeout_s: float | None = 5.0,
         max_action_chars: int = 16_384,
@@ -86,7 +85,9 @@ class ToolEnv(gym.Env[list[Message], str]):
         max_calls_per_turn: further calls in one turn get an error message instead of running.
         max_output_chars: each tool result is cut to this many characters, with a marker.
         observation_role: role of result messages; "user" for chat templates without `tool`.
-        verifier: (predicted or None, gold) -> Verification; None = MathVerifier.
+        verifier: (predicted or None, gold) -> Verification; None = the process-wide MathVerifier
+            (exact numbers, symbolic equivalence in a worker with a 5 s timeout). A custom
+            verifier is called in-process: give it its own timeout (e.g. a MathVerifier).
         sandbox: backend for the default PythonTool: None or "local" (one LocalSandbox shared
             by the process), an "http(s)://" sandbox service URL, or an object with `.session()`
             (wrap it in `envs.Shared(...)` if you pass it through `gymnasium.make`).
@@ -119,7 +120,7 @@ class ToolEnv(gym.Env[list[Message], str]):
         self.max_output_chars = max_output_chars
         self.observation_role = observation_role
         self.reward_config = reward or RewardConfig()
-        self.verifier: Verifier = verifier or MathVerifier(timeout_s=verifier_timeout_s)
+        self.verifier: Verifier = verifier or default_verifier()
         self.render_mode = render_mode
         self.action_space = TextSpace(max_action_chars)
         self.observation_space = MessagesSpace()
@@ -238,9 +239,6 @@ class ToolEnv(gym.Env[list[Message], str]):
 
     def close(self) -> None:
         self._close_tools()
-        close = getattr(self.verifier, "close", None)
-        if callable(close):
-            close()
         super().close()
 
     # ----- rewards (override for per-step shaping) ----------------------------------------

@@ -9,6 +9,7 @@ and a thread cannot be stopped, so the worker is killed and restarted when it ru
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import re
 import threading
@@ -193,3 +194,21 @@ class MathVerifier:
         if self._worker is not None:
             self._worker.close()
             self._worker = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> MathVerifier:
+        # gymnasium.make deep-copies env kwargs; a verifier (and its worker) is shared, not copied.
+        return self
+
+
+_default: MathVerifier | None = None
+_default_lock = threading.Lock()
+
+
+def default_verifier() -> MathVerifier:
+    """One MathVerifier per process, so N environments share one symbolic worker, not N."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = MathVerifier()
+            atexit.register(_default.close)
+        return _default

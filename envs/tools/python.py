@@ -113,6 +113,13 @@ class PythonTool(Tool):
         self.sessions_opened = 0
         """How many sessions this tool has opened; lets tests check one session per episode."""
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> PythonTool:
+        # gymnasium.make deep-copies env kwargs (tools=[...]); a copy shares the backend and
+        # settings but never an open session.
+        return PythonTool(
+            self._backend_arg, timeout_s=self.timeout_s, session_limits=dict(self.session_limits)
+        )
+
     @property
     def backend(self) -> SandboxBackend:
         if self._backend is None:
@@ -190,6 +197,7 @@ def format_result(result: Any, timeout_s: float | None) -> ToolOutput:
         "memory_exceeded": bool(getattr(result, "memory_exceeded", False)),
         "sandbox_truncated": bool(getattr(result, "truncated", False)),
         "session_restarted": bool(getattr(result, "session_restarted", False)),
+        "limit": getattr(result, "limit", None),
         "duration_s": float(getattr(result, "duration_s", 0.0) or 0.0),
     }
     return ToolOutput(text="\n".join(parts) if parts else NO_OUTPUT, ok=ok, metadata=metadata)

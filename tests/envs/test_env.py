@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import envs
 from envs import GeneratedTasks, PythonMathEnv, RewardConfig, Task, ToolEnv
@@ -191,3 +193,61 @@ def test_calculator_env_is_a_different_tool() -> None:
     assert obs == [{"role": "tool", "content": "1024"}]
     assert [s["function"]["name"] for s in env.tool_schemas] == ["calculator"]
     assert isinstance(next(iter(env.tools.values())), CalculatorTool)
+
+
+FUZZ_PIECES = st.sampled_from(
+    [
+        "```python\n",
+        "```",
+        "\n",
+        "print(1)",
+        "1/0",
+        "<tool_call>",
+        "</tool_call>",
+        '{"name": "python", ',
+        '"arguments": {"code": "print(2)"}}',
+        '{"name": "calculator", "arguments": {"expression": "2**99"}}',
+        "\\boxed{",
+        "}",
+        "<answer>",
+        "</answer>",
+        "{",
+        "\x00",
+        "💥",
+    ]
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    turns=st.lists(
+        st.lists(st.one_of(FUZZ_PIECES, st.text(max_size=10)), max_size=12).map("".join), max_size=5
+    )
+)
+def test_env_steps_never_raise_on_arbitrary_turns(turns: list[str]) -> None:
+    backend = FaultyBackend()
+    for env in (
+        ToolEnv([TASK], sandbox=backend, max_turns=3),
+        ToolEnv([TASK], tools=[CalculatorTool()], tool_format="hermes", max_turns=3),
+    ):
+        obs, _ = env.reset(seed=0)
+        for turn in turns:
+            obs, reward, terminated, truncated, _ = env.step(turn)
+            assert obs in env.observation_space and isinstance(reward, float)
+            if terminated or truncated:
+                break
+        env.close()
+    assert backend.opened == backend.closed
+
+
+def test_gymnasium_make_deep_copies_tool_kwargs_without_sharing_sessions() -> None:
+    import copy
+
+    backend = FaultyBackend()
+    tool = envs.PythonTool(envs.Shared(backend))
+    tool.open()
+    clone = copy.deepcopy(tool)
+    assert clone.backend.backend is backend and not clone.is_open and tool.is_open
+    tool.close()
+    verifier = envs.MathVerifier()
+    assert copy.deepcopy(verifier) is verifier
