@@ -133,7 +133,3 @@ def test_tiny_model_prefix_total_equals_sequence_gradient_norm(tiny_model_dir):
     seq = torch.where(mask.bool(), stats.log_probs, torch.zeros_like(stats.log_probs)).sum(1)
     torch.testing.assert_close(exact.total, per_sample_grad_sq_norms(seq, params), rtol=1e-4, atol=1e-6)
     assert (exact.per_token[mask.bool()] > 0).all() and exact.per_token[~mask.bool()].eq(0).all()
-    rho = proxy_fidelity(
-        logit_gradient_proxy(stats.log_probs.detach(), stats.sum_pi_squared, mask), mask, exact.total
-    )
-    assert -1.0 <= rho <= 1.0
