@@ -13,11 +13,13 @@ temperature scaling, gradients for log-probs and entropy w.r.t. hidden states, w
 What is not: logit soft-capping or scaled heads (rejected with a clear error); gradients of
 sum_pi_squared (it is a detached statistic for the advantage estimator).
 
-Numerics: logits are upcast to float32 per chunk. With log p = z - logsumexp(z) (z: tempered logits),
-    entropy     = -sum_v p log p
-    sum_v p^2   = exp(logsumexp(2 z) - 2 logsumexp(z)) = exp(logsumexp(2 log p)) = sum_v p * p
-The last form reuses p from the entropy and never overflows (log p <= 0); without the entropy the
-logsumexp form is used directly.
+Numerics: logits are upcast to float32 per chunk. With z the tempered logits, z' = z - max z and
+e = exp(z') (every e <= 1, s = sum e >= 1):
+    log p(y)    = z'_y - log s
+    entropy     = log s - sum_v e z' / s
+    sum_v p^2   = exp(logsumexp(2 z) - 2 logsumexp(z)) = sum_v e^2 / s^2
+so one exp pass over the vocabulary serves all three, as it does a plain logsumexp, and nothing
+can overflow. Peak extra memory: two chunk-sized float32 buffers (z' and e).
 """
 
 from __future__ import annotations
@@ -80,19 +82,27 @@ def _forward_chunks(
     for start in range(0, n, chunk_size):
         end = min(start + chunk_size, n)
         z = _chunk_logits(hidden[start:end], weight, bias, temperature)  # (C, V)
-        lse = torch.logsumexp(z, dim=-1)  # (C,)
-        lse_all[start:end] = lse
-        log_probs[start:end] = z.gather(1, targets[start:end, None]).squeeze(1) - lse
+        target = targets[start:end, None]  # (C, 1)
+        if not (with_entropy or with_sum_pi_squared):
+            lse = torch.logsumexp(z, dim=-1)  # (C,)
+            log_probs[start:end] = z.gather(1, target).squeeze(1) - lse
+            lse_all[start:end] = lse
+            continue
+        # One exp pass serves all three statistics: with z' = z - max z and e = exp(z') (so e <= 1),
+        # s = sum e, logsumexp(z) = max + log s, log p = z' - log s, H = log s - sum e z' / s and
+        # sum p^2 = sum e^2 / s^2 = exp(logsumexp(2z) - 2 logsumexp(z)), none of which can overflow.
+        z_max = z.amax(dim=-1, keepdim=True)  # (C, 1)
+        shifted = z.sub_(z_max)  # (C, V) in place: z' <= 0
+        e = shifted.exp()  # (C, V) the only other chunk-sized buffer
+        total = e.sum(-1)  # (C,)
+        log_total = total.log()  # (C,)
+        lse_all[start:end] = z_max.squeeze(1) + log_total
+        log_probs[start:end] = shifted.gather(1, target).squeeze(1) - log_total
+        if with_sum_pi_squared:
+            sum_p2[start:end] = torch.linalg.vector_norm(e, dim=-1).square() / total.square()
         if with_entropy:
-            log_p = z.sub_(lse[:, None])  # (C, V) in place: z is not needed any more
-            p = log_p.exp()  # (C, V)
-            entropy[start:end] = -(p * log_p).sum(-1)
-            if with_sum_pi_squared:
-                sum_p2[start:end] = (p * p).sum(-1)
-            del p, log_p
-        elif with_sum_pi_squared:
-            sum_p2[start:end] = torch.exp(torch.logsumexp(z.mul_(2.0), dim=-1) - 2.0 * lse)
-        del z
+            entropy[start:end] = log_total - shifted.mul_(e).sum(-1) / total  # in place: no third buffer
+        del z, shifted, e
     return log_probs, entropy, sum_p2, lse_all
 
 
@@ -132,7 +142,7 @@ class _ChunkedHeadStats(torch.autograd.Function):
             if use_entropy:
                 grad_z = log_p.add_(entropy[start:end, None]).mul_(p).mul_(-grad_entropy[start:end, None])
                 if g_lp is not None:
-                    grad_z.sub_(p * g_lp)
+                    grad_z.sub_(p.mul_(g_lp))  # p is not needed after this
             else:
                 grad_z = p.mul_(-g_lp) if g_lp is not None else torch.zeros_like(p)
             if g_lp is not None:
