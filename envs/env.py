@@ -26,6 +26,7 @@ On the last allowed turn, calls are not run either (nobody would read their outp
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any, SupportsFloat
 
@@ -71,6 +72,7 @@ class ToolEnv(gym.Env[list[Message], str]):
         verifier: Verifier | None = None,
         sandbox: Any = None,
         python_timeout_s: float | None = 5.0,
+        sandbox_limits: dict[str, Any] | None = None,
         max_action_chars: int = 16_384,
         render_mode: str | None = None,
     ) -> None:
@@ -91,6 +93,8 @@ class ToolEnv(gym.Env[list[Message], str]):
         sandbox: backend for the default PythonTool: None or "local" (one LocalSandbox shared
             by the process), an "http(s)://" sandbox service URL, or an object with `.session()`
             (wrap it in `envs.Shared(...)` if you pass it through `gymnasium.make`).
+        python_timeout_s: wall-clock limit of each code execution.
+        sandbox_limits: per-session limit overrides for the backend (e.g. {"memory_mb": 512}).
         """
         if max_turns < 1 or max_tool_calls < 0 or max_calls_per_turn < 1 or max_output_chars < 64:
             raise ValueError(
@@ -102,7 +106,7 @@ class ToolEnv(gym.Env[list[Message], str]):
         if len(self.tasks) == 0:
             raise ValueError("the task source is empty")
         if tools is None:
-            tools = [PythonTool(sandbox, timeout_s=python_timeout_s)]
+            tools = [PythonTool(sandbox, timeout_s=python_timeout_s, session_limits=sandbox_limits)]
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
         if len(self.tools) != len(tools):
             raise ValueError("tool names must be unique")
@@ -164,6 +168,8 @@ class ToolEnv(gym.Env[list[Message], str]):
             index = options.get("task_index")
             if index is None:
                 index = int(self.np_random.integers(len(self.tasks)))
+            if isinstance(index, numbers.Integral) and not isinstance(index, bool):
+                index = int(index)  # numpy integers from a sampler are fine
             if not isinstance(index, int) or not 0 <= index < len(self.tasks):
                 raise ValueError(
                     f'options["task_index"] must be an int in [0, {len(self.tasks)}), got {index!r}'
@@ -183,6 +189,13 @@ class ToolEnv(gym.Env[list[Message], str]):
         return [dict(m) for m in opening], info
 
     def step(self, action: str) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
+        """Run one assistant turn. Example, code format, task "Compute 6 * 7.":
+
+        >>> env.step("```python\\nprint(6 * 7)\\n```")  # doctest: +SKIP
+        ([{'role': 'tool', 'content': '```output\\n42\\n```'}], 0.0, False, False, {'turn': 1, ...})
+        >>> env.step("\\\\boxed{42}")  # doctest: +SKIP
+        ([], 1.0, True, False, {'verification': {'correct': True, ...}, ...})
+        """
         if self.task is None or self._done:
             raise ResetNeeded("the episode is over (or never started): call env.reset() before env.step()")
         if not isinstance(action, str):

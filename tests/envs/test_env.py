@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -251,3 +252,13 @@ def test_gymnasium_make_deep_copies_tool_kwargs_without_sharing_sessions() -> No
     tool.close()
     verifier = envs.MathVerifier()
     assert copy.deepcopy(verifier) is verifier
+
+
+def test_sandbox_limits_reach_the_session(sandbox) -> None:
+    env = ToolEnv([TASK], sandbox=sandbox, sandbox_limits={"memory_mb": 200})
+    env.reset(options={"task_index": np.int64(0)})  # numpy indices from samplers are accepted
+    obs, *_, info = env.step("```python\nblob = bytearray(600 * 2**20)\nprint(len(blob))\n```")
+    call = info["tool_calls"][0]
+    assert not call["ok"] and (call["memory_exceeded"] or call["error_type"] == "MemoryError"), call
+    assert "MemoryError" in obs[0]["content"]
+    env.close()
