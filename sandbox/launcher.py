@@ -172,6 +172,7 @@ class Launcher:
             "--dev", "/dev",
             "--size", disk, "--tmpfs", "/tmp",
             "--size", disk, "--tmpfs", "/workspace",
+            "--remount-ro", "/",
             "--chdir", "/workspace",
             "--cap-drop", "ALL",
             "--info-fd", str(info_fd),

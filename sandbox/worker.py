@@ -389,16 +389,18 @@ class _Worker:
     def _kill_strays(self):
         """Kill and reap every process the cell left behind (daemons included)."""
         me = os.getpid()
-        for _ in range(50):
+        for attempt in range(400):
             victims = [p for p in self._descendants(me) if p != me]
+            if not victims:
+                return
             for pid in victims:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
             self._reap()
-            if not victims:
-                return
+            if attempt >= 2:
+                time.sleep(0.0025)  # orphans are reaped by the namespace's init: give it a moment
 
     def _descendants(self, me):
         pids = []

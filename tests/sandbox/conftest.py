@@ -1,0 +1,73 @@
+"""Fixtures: one warm LocalSandbox per module, and an in-process server for the HTTP tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+from sandbox import LocalSandbox
+
+
+def need_bwrap() -> None:
+    """Isolation tests need bubblewrap; in CI its absence is a failure, not a skip."""
+    if shutil.which("bwrap") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("bubblewrap is required in CI: apt-get install -y bubblewrap")
+        pytest.skip("bubblewrap not installed")
+
+
+@pytest.fixture(scope="module")
+def sb() -> Iterator[LocalSandbox]:
+    need_bwrap()
+    box = LocalSandbox(pool_size=2, isolation="bwrap")
+    yield box
+    box.close()
+
+
+def zombies() -> list[str]:
+    """Zombie processes whose parent is this test process (ours to reap)."""
+    me = str(os.getpid())
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] == "Z" and fields[1] == me:
+            found.append(pid)
+    return found
+
+
+def children() -> list[int]:
+    me = str(os.getpid())
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2 :].split()[1] == me:
+            out.append(int(pid))
+    return out
+
+
+def settled_zombies(timeout_s: float = 5.0) -> list[str]:
+    """Zombies still unreaped after ``timeout_s`` (workers are reaped on a background thread)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = zombies()
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)

@@ -1,0 +1,185 @@
+"""LocalSandbox: sessions, results, limits and restarts, against real bubblewrap workers."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from sandbox import ExecResult, LimitError, LocalSandbox
+
+
+def test_session_globals_persist(sb: LocalSandbox) -> None:
+    with sb.session() as s:
+        s.run("x = 41")
+        r = s.run("print(x + 1)")
+    assert r.stdout == "42\n"
+    assert r.ok and r.error is None and not r.timed_out and not r.truncated
+
+
+def test_trailing_expression_value_not_printed(sb: LocalSandbox) -> None:
+    with sb.session() as s:
+        r = s.run("a = [1, 2]\na + [3]")
+        assert r.value == "[1, 2, 3]" and r.stdout == ""
+        assert s.run("a = 1").value is None
+        assert s.run("a", want_value=False).value is None
+
+
+def test_exception_traceback_is_trimmed_to_user_frames(sb: LocalSandbox) -> None:
+    with sb.session() as s:
+        r = s.run("def f():\n    raise ValueError('bad')\nf()")
+    assert not r.ok and r.error is not None
+    assert r.error.type == "ValueError" and r.error.message == "bad"
+    assert "<cell-" in r.error.traceback and "raise ValueError('bad')" in r.error.traceback
+    assert "worker" not in r.error.traceback and "exec(" not in r.error.traceback
+    assert not r.session_restarted
+
+
+def test_syntax_error_is_reported(sb: LocalSandbox) -> None:
+    r = sb.run("def (:")
+    assert r.error is not None and r.error.type == "SyntaxError"
+
+
+def test_stdout_stderr_and_subprocess_output_captured(sb: LocalSandbox) -> None:
+    r = sb.run(
+        "import sys, os\nprint('out')\nprint('err', file=sys.stderr)\nsys.stdout.flush()\nos.system('echo child')"
+    )
+    assert r.stdout == "out\nchild\n"
+    assert r.stderr == "err\n"
+
+
+def test_output_truncated_with_marker(sb: LocalSandbox) -> None:
+    r = sb.run("print('x' * 5000)", output_bytes=1000)
+    assert r.truncated
+    assert r.stdout.startswith("x" * 1000)
+    assert "output truncated" in r.stdout and len(r.stdout) < 1200
+
+
+def test_invalid_utf8_output_is_escaped(sb: LocalSandbox) -> None:
+    r = sb.run("import sys\nsys.stdout.buffer.write(b'\\xff ok\\n')\nsys.stdout.flush()\nprint('\\udcff')")
+    assert r.stdout == "\\xff ok\n\\udcff\n"
+    r.stdout.encode("utf-8")  # always valid UTF-8
+
+
+def test_wall_timeout_restarts_session(sb: LocalSandbox) -> None:
+    with sb.session() as s:
+        s.run("x = 1")
+        r = s.run("while True: pass", timeout_s=0.5)
+        assert r.timed_out and r.limit == "wall_time" and r.session_restarted and not r.ok
+        after = s.run("'x' in globals()")
+        assert after.value == "False" and not after.session_restarted
+        assert s.run("1 + 1").value == "2"
+
+
+def test_cpu_limit_fires(sb: LocalSandbox) -> None:
+    with sb.session() as s:
+        r = s.run("while True: pass", cpu_s=1, timeout_s=20)
+        assert r.limit == "cpu_time" and not r.timed_out and r.session_restarted
+        assert r.duration_s < 10
+        assert s.run("1 + 1").value == "2"
+
+
+def test_memory_limit_fires(sb: LocalSandbox) -> None:
+    with sb.session(memory_mb=256) as s:
+        r = s.run("x = bytearray(512 * 1024 * 1024)")
+        assert r.memory_exceeded and r.limit == "memory" and r.session_restarted
+        assert s.run("1 + 1").value == "2"
+
+
+def test_process_limit(sb: LocalSandbox) -> None:
+    code = (
+        "import subprocess\nps = []\ntry:\n"
+        "    for _ in range(50): ps.append(subprocess.Popen(['sleep', '5']))\n"
+        "except OSError as e:\n    print('refused', len(ps))\n"
+    )
+    with sb.session(processes=8) as s:
+        r = s.run(code)
+    assert r.stdout.startswith("refused") and int(r.stdout.split()[1]) < 10
+
+
+def test_open_files_limit(sb: LocalSandbox) -> None:
+    with sb.session(open_files=64) as s:
+        r = s.run("fs = [open('/dev/null') for _ in range(100)]")
+    assert r.error is not None and "Too many open files" in r.error.message
+
+
+def test_file_size_limit(sb: LocalSandbox) -> None:
+    with sb.session(file_size_mb=1) as s:
+        r = s.run("open('big', 'wb').write(b'x' * (2 << 20))")
+    assert r.error is not None and "File too large" in r.error.message
+
+
+def test_disk_quota(sb: LocalSandbox) -> None:
+    code = "for i in range(100):\n    open(f'f{i}', 'wb').write(b'x' * (1 << 20))"
+    with sb.session(disk_mb=8, file_size_mb=4) as s:
+        r = s.run(code)
+    assert r.error is not None and "No space left" in r.error.message
+
+
+def test_exit_code_and_crash_restart(sb: LocalSandbox) -> None:
+    with sb.session() as s:
+        r = s.run("import sys; sys.exit(4)")
+        assert r.exit_code == 4 and r.error is not None and not r.session_restarted
+        r = s.run("import os; os._exit(3)")
+        assert r.exit_code == 3 and r.session_restarted
+        r = s.run("import ctypes; ctypes.string_at(0)")
+        assert r.error is not None and r.error.type == "WorkerCrashed" and r.exit_code == 139
+        assert s.run("1 + 1").value == "2"
+
+
+def test_stdin_and_files(sb: LocalSandbox) -> None:
+    files = {"data/in.txt": base64.b64encode(b"hello").decode()}
+    r = sb.run("import sys\nprint(input(), open('data/in.txt').read())", stdin="typed\n", files=files)
+    assert r.stdout == "typed hello\n"
+    bad = sb.run("1", files={"../escape": base64.b64encode(b"x").decode()})
+    assert bad.error is not None and "escapes" in bad.error.message
+
+
+def test_one_shots_do_not_share_state(sb: LocalSandbox) -> None:
+    sb.run("y = 5")
+    r = sb.run("y")
+    assert r.error is not None and r.error.type == "NameError"
+
+
+def test_run_batch_keeps_order(sb: LocalSandbox) -> None:
+    results = sb.run_batch([f"print({i})" for i in range(6)] + ["1/0"])
+    assert [r.stdout for r in results[:6]] == [f"{i}\n" for i in range(6)]
+    assert results[6].error is not None and results[6].error.type == "ZeroDivisionError"
+
+
+def test_limits_validated(sb: LocalSandbox) -> None:
+    with pytest.raises(LimitError, match="must be > 0"):
+        sb.session(memory_mb=-1)
+    with pytest.raises(LimitError, match="exceeds the server maximum"):
+        sb.session(memory_mb=10**9)
+    with pytest.raises(LimitError, match="unknown limit"):
+        sb.session(gpus=1)
+    with sb.session() as s, pytest.raises(LimitError, match="fixed per session"):
+        s.run("1", memory_mb=10)
+    with pytest.raises(TypeError):
+        sb.run(123)  # type: ignore[arg-type]
+
+
+def test_result_round_trips_through_dict() -> None:
+    r = ExecResult(stdout="a", limit="memory", memory_exceeded=True)
+    d = r.to_dict()
+    assert d["ok"] is False
+    assert ExecResult.from_dict(d) == r
+
+
+def test_require_isolation_refuses_rlimits() -> None:
+    from sandbox import SandboxUnavailable
+
+    with pytest.raises(SandboxUnavailable):
+        LocalSandbox(isolation="rlimits", require_isolation=True)
+
+
+async def test_async_session_run(sb: LocalSandbox) -> None:
+    with sb.session() as s:
+        await s.run_async("z = 2")
+        r = await s.run_async("z * 21")
+        assert r.value == "42"
+        r = await s.run_async("while True: pass", timeout_s=0.3)
+        assert r.timed_out and r.session_restarted
+    r = await sb.run_async("print('once')")
+    assert r.stdout == "once\n"
