@@ -1,0 +1,74 @@
+"""Client and AsyncClient against a real uvicorn server on a loopback port."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+
+from sandbox import AsyncClient, Client, SandboxUnavailable
+from sandbox.client import SandboxRequestError
+from sandbox.server import create_app
+from sandbox.settings import SandboxSettings
+from tests.sandbox.conftest import need_bwrap
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    need_bwrap()
+    port = free_port()
+    settings = SandboxSettings(port=port, pool_size=2, isolation="bwrap", auth_token="tok")
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    )
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    t.join(30)
+
+
+def test_sync_client_session_shape(url: str) -> None:
+    with Client(url, token="tok") as c:
+        with c.session() as s:
+            s.run("x = 41")
+            r = s.run("print(x + 1)")
+        assert r.stdout == "42\n" and r.ok and r.duration_s > 0
+        assert c.run("print(1)").stdout == "1\n"
+        assert [r.stdout for r in c.run_batch(["print(1)", "print(2)"])] == ["1\n", "2\n"]
+        with pytest.raises(SandboxRequestError) as e:
+            c.run("1", memory_mb=-1)
+        assert e.value.status == 422
+
+
+def test_wrong_token_and_unreachable_server(url: str) -> None:
+    with Client(url, token="wrong") as c, pytest.raises(SandboxRequestError):
+        c.run("1")
+    with Client(f"http://127.0.0.1:{free_port()}") as c, pytest.raises(SandboxUnavailable):
+        c.run("1")
+
+
+async def test_async_client(url: str) -> None:
+    import asyncio
+
+    async with AsyncClient(url, token="tok") as c:
+        async with c.session() as s:
+            await s.run("y = 2")
+            r = await s.run("y * 21")
+        assert r.value == "42"
+        results = await asyncio.gather(*(c.run(f"print({i})") for i in range(8)))
+        assert [r.stdout for r in results] == [f"{i}\n" for i in range(8)]
