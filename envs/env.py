@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
+from gymnasium.envs.registration import EnvSpec
 
 from envs.answers import extract_final_answer
 from envs.parsing import ParsedTurn, ToolFormat, get_format
@@ -38,7 +39,7 @@ from envs.rewards import RewardConfig
 from envs.spaces import Message, MessagesSpace, TextSpace
 from envs.tasks.base import ListTasks, Task, TaskSource
 from envs.tools.base import Tool, ToolInfraError, truncate_output
-from envs.tools.python import PythonTool
+from envs.tools.python import PythonTool, Shared
 from envs.verify import Verification, default_verifier
 
 ANSWER_INSTRUCTION = "Put the final answer in \\boxed{}."
@@ -92,7 +93,7 @@ class ToolEnv(gym.Env[list[Message], str]):
             verifier is called in-process: give it its own timeout (e.g. a MathVerifier).
         sandbox: backend for the default PythonTool: None or "local" (one LocalSandbox shared
             by the process), an "http(s)://" sandbox service URL, or an object with `.session()`
-            (wrap it in `envs.Shared(...)` if you pass it through `gymnasium.make`).
+            (shared, never copied, when Gymnasium copies the env's spec).
         python_timeout_s: wall-clock limit of each code execution.
         sandbox_limits: per-session limit overrides for the backend (e.g. {"memory_mb": 512}).
         """
@@ -136,6 +137,24 @@ class ToolEnv(gym.Env[list[Message], str]):
         self.turn = 0
         self.tool_calls_used = 0
         self._done = True
+
+    # ----- Gymnasium spec ----------------------------------------------------------------------
+    _spec: EnvSpec | None = None
+
+    @property
+    def spec(self) -> EnvSpec | None:  # type: ignore[override]
+        return self._spec
+
+    @spec.setter
+    def spec(self, value: EnvSpec | None) -> None:
+        # gymnasium.make stores the make() kwargs in the spec, and Gymnasium deep-copies the spec
+        # (wrappers' `env.spec`, `spec.make()`). A live sandbox backend holds locks and processes and
+        # cannot be copied; it is meant to be shared anyway, so wrap it in `Shared`.
+        if value is not None:
+            backend = value.kwargs.get("sandbox")
+            if backend is not None and not isinstance(backend, (str, Shared)):
+                value.kwargs["sandbox"] = Shared(backend)
+        self._spec = value
 
     # ----- prompts -------------------------------------------------------------------------
     @property

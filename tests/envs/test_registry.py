@@ -62,6 +62,19 @@ def test_make_round_trip_exposes_task_and_messages(sandbox) -> None:
     env.close()
 
 
+def test_raw_backend_object_survives_gymnasium_spec_copies(sandbox) -> None:
+    raw = sandbox.backend  # a LocalSandbox: holds locks and processes, cannot be deep-copied
+    env = gym.make("agent_rl/PythonArithEasy-v0", sandbox=raw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert env.spec is not None and env.spec.id == "agent_rl/PythonArithEasy-v0"
+        remade = env.spec.make()
+    assert remade.unwrapped.tools["python"].backend.backend is raw
+    assert envs.demonstration(remade, 0).total_reward == 1.0
+    remade.close()
+    env.close()
+
+
 def test_duplicate_ids_are_an_error_and_unregister_works() -> None:
     envs.register("test_ns/Dup-v0", entry_point="envs.math_envs:MathNoToolEnv")
     try:
