@@ -1,17 +1,21 @@
-"""A tiny TCP relay that lets the host reach sandbox replicas on a network with no way out.
+"""A tiny relay that lets TCP clients reach sandbox replicas that have no network at all.
 
-Why it exists: in compose.yaml the sandbox service sits only on an ``internal`` network, so code
-it executes has no route to the outside world. Docker cannot publish a port from such a network,
-so this relay, which sits on both the internal network and a normal one, publishes the API on
-127.0.0.1 and forwards bytes to the sandbox replicas. It never parses HTTP, holds no secrets and
-runs without capabilities; the sandbox still checks the bearer token.
+Why it exists: in compose.yaml the sandbox service runs with ``network_mode: none``, so code it
+executes has no network interface but loopback: no internet, no other containers, and no host
+services either (a Docker ``internal`` network would still let it reach every port the host
+listens on through the bridge address). The server listens on a Unix socket in a volume it
+shares with this relay, one socket per replica (``<hostname>.sock``). The relay sits on normal
+networks, publishes the API (on 127.0.0.1 only, see compose.yaml) and forwards bytes. It never
+parses HTTP, holds no secrets and runs without capabilities; the sandbox still checks the bearer
+token. Stdlib only: the image runs it as a plain script.
 
-Replicas (``docker compose up --scale sandbox=N``) are found by resolving the service name on every
-connection. A client address always maps to the same replica (sessions live in one replica's
-memory), so every client on the host reaches one replica through here; spreading sessions over
-replicas is the client's job inside the network (pass all replica URLs, comma-separated).
+Replicas (``docker compose up --scale sandbox=N``) are found by listing the socket folder on every
+connection. A client address always maps to the same live replica, because a session lives in one
+replica's memory: every client host (and every trainer container) stays on one replica while
+different clients spread over all of them.
 
-Run: ``python -m sandbox.docker_gateway --listen 0.0.0.0:8080 --upstream sandbox:8080``.
+Run: ``python3 docker_gateway.py --listen 0.0.0.0:8080 --upstream-dir /run/sandbox``
+(or ``--upstream HOST:PORT`` to relay to a TCP service instead).
 """
 
 from __future__ import annotations
@@ -21,23 +25,23 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import signal
-import socket
 import sys
 
 log = logging.getLogger("sandbox.gateway")
 
 
-def pick_replica(addresses: list[str], client: str) -> str:
-    """A stable choice per client address, spread evenly over the sorted replica addresses."""
-    ordered = sorted(set(addresses))
-    digest = hashlib.sha256(client.encode()).digest()
-    return ordered[int.from_bytes(digest[:4], "big") % len(ordered)]
+def rank_replicas(replicas: list[str], client: str) -> list[str]:
+    """Replicas in the order this client should try them: stable per client, spread over clients.
 
+    Rendezvous hashing: when a replica goes away only its own clients move elsewhere.
+    """
 
-async def _resolve(host: str, port: int) -> list[str]:
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [info[4][0] for info in infos]
+    def score(replica: str) -> bytes:
+        return hashlib.sha256(f"{client}|{replica}".encode()).digest()
+
+    return sorted(set(replicas), key=score, reverse=True)
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -54,21 +58,47 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 class Relay:
-    def __init__(self, upstream_host: str, upstream_port: int, connect_timeout_s: float = 5.0) -> None:
-        self.upstream_host = upstream_host
-        self.upstream_port = upstream_port
+    """Forwards each accepted connection to one upstream: a Unix socket in a folder, or TCP."""
+
+    def __init__(
+        self,
+        *,
+        socket_dir: str | None = None,
+        tcp: tuple[str, int] | None = None,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        if (socket_dir is None) == (tcp is None):
+            raise ValueError("give exactly one of socket_dir and tcp")
+        self.socket_dir = socket_dir
+        self.tcp = tcp
         self.connect_timeout_s = connect_timeout_s
+
+    def replicas(self) -> list[str]:
+        if self.socket_dir is None:
+            return []
+        try:
+            names = os.listdir(self.socket_dir)
+        except OSError:
+            return []
+        return [os.path.join(self.socket_dir, n) for n in names if n.endswith(".sock")]
+
+    async def _connect(self, client: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.tcp is not None:
+            return await asyncio.wait_for(asyncio.open_connection(*self.tcp), self.connect_timeout_s)
+        errors = []
+        for path in rank_replicas(self.replicas(), client):
+            try:  # a stale socket of a replica that went away refuses: try the next one
+                return await asyncio.wait_for(asyncio.open_unix_connection(path), self.connect_timeout_s)
+            except (OSError, asyncio.TimeoutError) as exc:
+                errors.append(f"{os.path.basename(path)}: {exc}")
+        raise ConnectionError("no live sandbox replica" + (f" ({'; '.join(errors)})" if errors else ""))
 
     async def handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         peer = client_w.get_extra_info("peername") or ("?", 0)
         try:
-            replicas = await _resolve(self.upstream_host, self.upstream_port)
-            target = pick_replica(replicas, str(peer[0]))
-            up_r, up_w = await asyncio.wait_for(
-                asyncio.open_connection(target, self.upstream_port), self.connect_timeout_s
-            )
+            up_r, up_w = await self._connect(str(peer[0]))
         except (OSError, asyncio.TimeoutError) as exc:
-            log.warning("gateway: no upstream for %s: %s", peer[0], exc)
+            log.warning("gateway: cannot serve %s: %s", peer[0], exc)
             client_w.close()
             return
         await asyncio.gather(_pump(client_r, up_w), _pump(up_r, client_w))
@@ -83,25 +113,30 @@ def _host_port(text: str, flag: str) -> tuple[str, int]:
     return host, int(port)
 
 
-async def serve(listen: tuple[str, int], upstream: tuple[str, int]) -> None:
-    relay = Relay(*upstream)
+async def serve(listen: tuple[str, int], relay: Relay) -> None:
     server = await asyncio.start_server(relay.handle, *listen, reuse_address=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("gateway: %s:%d -> %s:%d", *listen, *upstream)
+    log.info("gateway: listening on %s:%d -> %s", *listen, relay.socket_dir or relay.tcp)
     async with server:
         await stop.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sandbox.docker_gateway", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="docker_gateway", description=(__doc__ or "").splitlines()[0])
     p.add_argument("--listen", default="0.0.0.0:8080", help="HOST:PORT to accept connections on")
-    p.add_argument("--upstream", default="sandbox:8080", help="HOST:PORT of the sandbox service")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--upstream-dir", help="folder of the replicas' Unix sockets (*.sock)")
+    target.add_argument("--upstream", help="HOST:PORT of a TCP upstream")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(_host_port(args.listen, "--listen"), _host_port(args.upstream, "--upstream")))
+    if args.upstream_dir:
+        relay = Relay(socket_dir=args.upstream_dir)
+    else:
+        relay = Relay(tcp=_host_port(args.upstream, "--upstream"))
+    asyncio.run(serve(_host_port(args.listen, "--listen"), relay))
     return 0
 
 
