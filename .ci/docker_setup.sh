@@ -12,6 +12,9 @@ set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BASE_IMAGE="${AGENT_RL_BASE_IMAGE:-agent-rl/base:bookworm}"
+# The trainer's base: the same plus a CPU torch pre-installed from the local wheel folder.
+TRAINER_BASE_IMAGE="${AGENT_RL_TRAINER_BASE_IMAGE:-agent-rl/base-torch:bookworm}"
+WHEELS_DIR="${AGENT_RL_WHEELS:-${PIP_FIND_LINKS:-/opt/wheels}}"
 DOCKERD_LOG="${DOCKERD_LOG:-/var/log/dockerd.log}"
 PLUGIN_DIR="${DOCKER_CONFIG:-$HOME/.docker}/cli-plugins"
 PYTHON="${PYTHON:-python3}"
@@ -76,12 +79,26 @@ ensure_base_image() {
   "$REPO_ROOT/scripts/build_base_image.sh" --tag "$BASE_IMAGE"
 }
 
+ensure_trainer_base_image() {
+  if docker image inspect "$TRAINER_BASE_IMAGE" >/dev/null 2>&1; then
+    log "trainer base image $TRAINER_BASE_IMAGE present; reusing it"
+    return
+  fi
+  if ! compgen -G "$WHEELS_DIR/torch-*.whl" >/dev/null; then
+    log "no torch wheel in $WHEELS_DIR: skipping $TRAINER_BASE_IMAGE (the trainer build will use the CPU index)"
+    return
+  fi
+  log "building trainer base image $TRAINER_BASE_IMAGE with the wheels in $WHEELS_DIR"
+  "$REPO_ROOT/scripts/build_base_image.sh" --tag "$TRAINER_BASE_IMAGE" --wheels "$WHEELS_DIR"
+}
+
 main() {
   local start=$SECONDS
   install_packages
   start_engine
   install_compose
   ensure_base_image
+  ensure_trainer_base_image
   docker info --format 'engine {{.ServerVersion}}, storage {{.Driver}}, cgroup v{{.CgroupVersion}}' >&2
   docker compose version >&2
   log "done in $((SECONDS - start)) s"

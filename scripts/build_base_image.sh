@@ -89,7 +89,7 @@ if [[ -n "$WHEELS" ]]; then
   # dependencies come from the package index (the build container has network).
   log "pre-installing $(ls "$WHEELS"/*.whl | wc -l) wheel(s) from $WHEELS into /opt/venv"
   cid="$(docker create -v "$WHEELS:/wheels:ro" "$ROOT_TAG" sh -c \
-    'python3 -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir --find-links /wheels /wheels/*.whl')"
+    'python3 -m venv /opt/venv && /opt/venv/bin/pip install -q --no-cache-dir --find-links /wheels /wheels/*.whl')"
   docker start -a "$cid" >&2 || { docker rm -f "$cid" >/dev/null; exit 1; }
   docker commit \
     -c 'ENV VIRTUAL_ENV=/opt/venv' \
@@ -98,6 +98,7 @@ if [[ -n "$WHEELS" ]]; then
     -m "pre-installed wheels: $(cd "$WHEELS" && ls ./*.whl | xargs -n1 basename | tr '\n' ' ')" \
     "$cid" "$TAG" >/dev/null
   docker rm "$cid" >/dev/null
+  docker image rm "$ROOT_TAG" >/dev/null  # only untags: the committed image still uses its layers
 fi
 
 log "built $TAG ($(docker image inspect -f '{{.Size}}' "$TAG" | awk '{printf "%.0f MB", $1/1e6}'))"
