@@ -119,6 +119,20 @@ class TrainConfig(Section):
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
 
 
+class ScaleConfig(Section):
+    backend: Literal["local", "ray"] = "local"
+    """local: everything in this process (the embedded default, no Ray needed); ray: rollout
+    workers (and optionally learner ranks) as Ray actors."""
+    address: str | None = None
+    """Ray cluster address ('auto', 'ray://host:10001'); None starts a local Ray instance."""
+    rollout_workers: int = Field(1, ge=1)
+    """Rollout worker actors, each with its own engine and collector."""
+    learner_workers: int = Field(1, ge=1)
+    """Data-parallel learner ranks (torch.distributed DDP); 1 = the learner runs in the driver."""
+    sandbox_urls: list[str] = Field(default_factory=list)
+    """Sandbox services shared by all rollout workers (load-balanced); empty = each worker's own backend."""
+
+
 class RunConfig(Section):
     name: str = "run"
     out_dir: str = "runs"
@@ -134,6 +148,7 @@ class Config(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
     @property
