@@ -128,7 +128,6 @@ class Trainer:
         self.learner = Learner(
             self.model, cfg.algo, cfg.train, temperature=cfg.rollout.temperature, ref_model=ref
         )
-        self.engine = make_engine(cfg, self.model, self.tokenizer, self.model_path)
         self.sandbox = make_sandbox(cfg.sandbox)
         env_kwargs = dict(cfg.env.kwargs)
         env_kwargs.setdefault("max_turns", cfg.rollout.max_turns)
@@ -146,13 +145,19 @@ class Trainer:
             max_total_tokens=rollout.max_total_tokens,
             max_tool_tokens=rollout.max_tool_tokens,
         )
-        self.collector = Collector(
-            self.engine, self.tokenizer, make_env, CollectorConfig(sampling=sampling, **budgets)
-        )
-        greedy = sampling.with_(temperature=0.0, top_p=1.0)
-        self.eval_collector = Collector(
-            self.engine, self.tokenizer, make_env, CollectorConfig(sampling=greedy, **budgets)
-        )
+        train_cc = CollectorConfig(sampling=sampling, **budgets)
+        eval_cc = CollectorConfig(sampling=sampling.with_(temperature=0.0, top_p=1.0), **budgets)
+        if cfg.scale.backend == "ray":
+            # Rollout workers as Ray actors: the same collect/update_weights interface, other processes.
+            from agent_rl.distributed import RayRollout
+
+            self.engine = RayRollout.from_config(cfg, self.model_path, self.model.state_dict())
+            self.collector = self.engine.collector(train_cc)
+            self.eval_collector = self.engine.collector(eval_cc)
+        else:
+            self.engine = make_engine(cfg, self.model, self.tokenizer, self.model_path)
+            self.collector = Collector(self.engine, self.tokenizer, make_env, train_cc)
+            self.eval_collector = Collector(self.engine, self.tokenizer, make_env, eval_cc)
         self.writer = TrajectoryWriter(self.run_dir, tokenizer_path=str(self.model_path))
         self.logger = MetricsLogger(self.run_dir)
         self.step = 0
