@@ -241,12 +241,17 @@ def causal_lm_token_stats(
     Runs the backbone (`model.get_decoder()`, i.e. `model.model` for Qwen2) for hidden states, then
     the chunked head on the R positions that predict the response tokens input_ids[:, T-R:].
     response_length=None scores every token after the first (R = T-1).
+    position_ids default to cumsum(attention_mask) - 1, so left padding gets generation's positions.
     """
     head = _check_plain_linear_head(model)
     seq_len = input_ids.shape[1]
     r = seq_len - 1 if response_length is None else int(response_length)
     if not 1 <= r <= seq_len - 1:
         raise ValueError(f"response_length must be in [1, {seq_len - 1}] for sequences of {seq_len}; got {r}")
+    if position_ids is None and attention_mask is not None:
+        # Left-padded rows must count positions from their first real token, as generation did;
+        # a plain forward would otherwise use 0..T-1 and score different log-probs.
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
     backbone = model.get_decoder()
     out = backbone(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False

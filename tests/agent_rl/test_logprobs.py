@@ -175,9 +175,8 @@ def test_causal_lm_stats_match_model_logits(tiny_model):
     attention = torch.ones_like(ids)
     attention[1, :4] = 0  # left padding
     stats = causal_lm_token_stats(model, ids, attention, response_length=6, temperature=0.9, chunk_size=5)
-    logits = model(input_ids=ids, attention_mask=attention).logits[
-        :, -7:-1
-    ]  # positions predicting the last 6
+    positions = (attention.cumsum(-1) - 1).clamp_min(0)  # left padding: generation's positions
+    logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits[:, -7:-1]
     lp, ent, sp2 = naive_stats_from_logits(logits, ids[:, -6:], 0.9)
     torch.testing.assert_close(stats.log_probs, lp, atol=1e-5, rtol=0)
     torch.testing.assert_close(stats.entropy, ent, atol=1e-5, rtol=0)
@@ -193,6 +192,16 @@ def naive_stats_from_logits(logits, targets, temperature):
     log_p = torch.log_softmax(logits.float() / temperature, dim=-1)
     p = log_p.exp()
     return log_p.gather(-1, targets[..., None]).squeeze(-1), -(p * log_p).sum(-1), p.square().sum(-1)
+
+
+def test_causal_lm_left_padding_matches_the_unpadded_row(tiny_model):
+    ids = torch.randint(0, tiny_model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], dim=1)
+    attention = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 9, dtype=torch.long)], dim=1)
+    alone = causal_lm_token_stats(tiny_model, ids, response_length=5)
+    with_pad = causal_lm_token_stats(tiny_model, padded, attention, response_length=5)
+    torch.testing.assert_close(with_pad.log_probs, alone.log_probs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(with_pad.sum_pi_squared, alone.sum_pi_squared, atol=1e-5, rtol=0)
 
 
 def test_causal_lm_rejects_bad_response_length(tiny_model):
