@@ -19,8 +19,10 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
+    "GradientDiagnostics",
     "GradientVariance",
     "PrefixGradNorms",
+    "exact_gradient_diagnostics",
     "gradient_variance",
     "per_sample_grad_sq_norms",
     "per_sample_gradients",
@@ -178,3 +180,77 @@ def proxy_grad_sq_norms(advantages: torch.Tensor, proxy_w: torch.Tensor, mask: t
     """
     terms = advantages.detach().square() * proxy_w  # (B, L)
     return torch.where(mask.bool(), terms, torch.zeros_like(terms)).sum(1)
+
+
+@dataclass(frozen=True)
+class GradientDiagnostics:
+    """Per-step exact-vs-proxy diagnostics for a small model; see `exact_gradient_diagnostics`."""
+
+    grad_sq_norms: torch.Tensor
+    """(B',) exact ||grad log p(sequence)||^2 per used sequence (feeds `exact_optimal` as (B,) norms)."""
+    proxy_cum_weight: torch.Tensor
+    """(B',) the accumulated proxy W at each used sequence's last policy token."""
+    proxy_spearman: float
+    """Spearman rho between the two above (NaN when undefined, e.g. fewer than 2 sequences)."""
+    pg: GradientVariance
+    """Moments of the exact per-sample policy gradients grad sum_t A_t log p(y_t)."""
+    proxy_pg_sq_norm: float
+    """Batch mean of the forward-only estimate sum_t A_t^2 w_t of ||per-sample policy gradient||^2."""
+
+    def metrics(self, prefix: str = "grad/") -> dict[str, float]:
+        return {
+            f"{prefix}exact_pg_variance": self.pg.variance,
+            f"{prefix}exact_pg_mean_sq_norm": self.pg.mean_sq_norm,
+            f"{prefix}exact_pg_batch_sq_norm": self.pg.mean_grad_sq_norm,
+            f"{prefix}proxy_pg_sq_norm": self.proxy_pg_sq_norm,
+            f"{prefix}proxy_spearman": self.proxy_spearman,
+            f"{prefix}exact_seq_sq_norm_mean": float(self.grad_sq_norms.mean())
+            if self.grad_sq_norms.numel()
+            else 0.0,
+        }
+
+
+def exact_gradient_diagnostics(
+    log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    *,
+    valid: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> GradientDiagnostics:
+    """Exact per-sample gradient variance and proxy fidelity for one batch (small models: 2 x B backwards).
+
+    log_probs:      (B, L) differentiable log p(y_t) from a fresh forward of the current policy.
+    advantages:     (B, L); response_mask (B, L); sum_pi_squared (B, L) from the same forward.
+    Rows that are invalid or have no policy token are left out (they carry no gradient).
+    """
+    from agent_rl.advantages.otb import logit_gradient_proxy
+
+    mask = response_mask.bool()
+    if valid is not None:
+        mask = mask & valid.bool()[:, None]
+    rows = mask.any(1).nonzero().squeeze(1)  # (B',)
+    log_probs, mask, advantages = log_probs[rows], mask[rows], advantages[rows]
+    sequence_scores = torch.where(mask, log_probs, torch.zeros_like(log_probs)).sum(1)  # (B',) log p(y_i)
+    norms = per_sample_grad_sq_norms(sequence_scores, params) if rows.numel() else torch.zeros(0)
+    rho = None if is_weights is None else is_weights[rows]
+    w = logit_gradient_proxy(log_probs.detach(), sum_pi_squared[rows], mask, rho)  # (B', L)
+    cum_weight = w.sum(1)  # (B',) W at the last policy token
+    if rows.numel() >= 2:
+        pg = gradient_variance(
+            per_sample_gradients(policy_gradient_objectives(log_probs, advantages, mask), params)
+        )
+    else:  # a variance needs two samples
+        pg = GradientVariance(
+            variance=float("nan"), mean_sq_norm=float("nan"), mean_grad_sq_norm=float("nan")
+        )
+    proxy_pg = proxy_grad_sq_norms(advantages, w, mask)
+    return GradientDiagnostics(
+        grad_sq_norms=norms.detach(),
+        proxy_cum_weight=cum_weight,
+        proxy_spearman=spearman_correlation(cum_weight, norms),
+        pg=pg,
+        proxy_pg_sq_norm=float(proxy_pg.mean()) if proxy_pg.numel() else 0.0,
+    )

@@ -9,6 +9,7 @@ import torch
 
 from agent_rl.advantages import AdvantageInputs, compute_advantages, logit_gradient_proxy
 from agent_rl.grad_stats import (
+    exact_gradient_diagnostics,
     gradient_variance,
     per_sample_grad_sq_norms,
     per_sample_gradients,
@@ -133,3 +134,25 @@ def test_tiny_model_prefix_total_equals_sequence_gradient_norm(tiny_model_dir):
     seq = torch.where(mask.bool(), stats.log_probs, torch.zeros_like(stats.log_probs)).sum(1)
     torch.testing.assert_close(exact.total, per_sample_grad_sq_norms(seq, params), rtol=1e-4, atol=1e-6)
     assert (exact.per_token[mask.bool()] > 0).all() and exact.per_token[~mask.bool()].eq(0).all()
+
+
+def test_exact_gradient_diagnostics_combines_the_pieces_and_drops_invalid_rows():
+    stats, _, mask, bias, _ = bias_only_policy(seed=5, B=5)
+    adv = torch.randn(mask.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    valid = torch.tensor([True, True, False, True, True])
+    diag = exact_gradient_diagnostics(stats.log_probs, adv, mask, stats.sum_pi_squared, [bias], valid=valid)
+    keep = valid.nonzero().squeeze(1)
+    seq = torch.where(mask.bool(), stats.log_probs, torch.zeros_like(stats.log_probs)).sum(1)[keep]
+    torch.testing.assert_close(diag.grad_sq_norms, per_sample_grad_sq_norms(seq, [bias]))
+    w = logit_gradient_proxy(stats.log_probs.detach(), stats.sum_pi_squared, mask)[keep]
+    torch.testing.assert_close(diag.proxy_cum_weight, (w * mask[keep]).sum(1))
+    assert diag.proxy_spearman == pytest.approx(
+        spearman_correlation(diag.proxy_cum_weight, diag.grad_sq_norms)
+    )
+    pg = per_sample_gradients(
+        policy_gradient_objectives(stats.log_probs[keep], adv[keep], mask[keep]), [bias]
+    )
+    assert diag.pg.variance == pytest.approx(gradient_variance(pg).variance, rel=1e-6)
+    metrics = diag.metrics()
+    assert set(metrics) >= {"grad/exact_pg_variance", "grad/proxy_spearman", "grad/proxy_pg_sq_norm"}
+    assert all(math.isfinite(v) for v in metrics.values())
