@@ -206,3 +206,46 @@ def test_missing_reference_or_entropy_raises():
         ppo_loss(log_probs, old, adv, mask, PPOLossConfig(entropy_coef=0.1))
     with pytest.raises(ValueError, match="advantages shape"):
         ppo_loss(log_probs, old, adv[:, :-1], mask)
+
+
+def test_tiny_model_pipeline_stats_to_otb_to_loss_is_finite(tiny_model_dir):
+    """The learner core wired the way the trainer uses it: one no-grad pass for old log-probs and the
+    proxy, OTB advantages, then a differentiable pass and the PPO loss with entropy and KL."""
+    from agent_rl.advantages import AdvantageInputs, compute_advantages
+    from agent_rl.logprobs import causal_lm_token_stats
+    from agent_rl.tiny_model import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(tiny_model_dir)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (4, 12), generator=gen)
+    attention = torch.ones_like(ids)
+    response_mask = torch.ones(4, 6)
+    response_mask[1, 2:4] = 0  # a tool span
+    response_mask[3, 4:] = 0  # ends early
+    rewards = torch.zeros(4, 6)
+    rewards[0, 5], rewards[2, 5] = 1.0, 1.0
+    with torch.no_grad():
+        old = causal_lm_token_stats(model, ids, attention, response_length=6, temperature=0.8)
+    inputs = AdvantageInputs(
+        rewards,
+        response_mask,
+        ["p0", "p0", "p1", "p1"],
+        old_log_probs=old.log_probs,
+        sum_pi_squared=old.sum_pi_squared,
+    )
+    advantages = compute_advantages("tir_otb", inputs)
+    new = causal_lm_token_stats(model, ids, attention, response_length=6, temperature=0.8)
+    out = ppo_loss(
+        new.log_probs,
+        old.log_probs,
+        advantages,
+        response_mask,
+        FULL,
+        ref_log_probs=old.log_probs,
+        entropy=new.entropy,
+    )
+    out.loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert torch.isfinite(out.loss) and grads and all(torch.isfinite(g).all() for g in grads)
+    assert sum(float(g.abs().sum()) for g in grads) > 0
+    assert float(out.metrics["losses/ratio_mean"]) == pytest.approx(1.0, abs=1e-5)  # same weights: ratio 1
