@@ -1,0 +1,252 @@
+"""Rollout workers on a local Ray cluster (loopback, 2 logical CPUs): training parity, a worker
+killed mid-collect, and sandbox back-pressure through the shared pool.
+
+Tolerance for parity: sampled tokens, rewards and every env/ and tokens/ metric are equal; the
+log-probs a worker reports differ from the in-process engine's by float rounding only (the
+batch shapes and thread counts differ), so losses/grad metrics are compared at rel 1e-4.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("torch")
+
+from agent_rl.config import build_config
+from agent_rl.metrics import read_metrics
+from agent_rl.rollout import Collector, CollectorConfig, SamplingParams
+from agent_rl.train import Trainer
+from tests.agent_rl.test_train import COMPARED_PREFIXES, SMALL
+
+pytestmark = pytest.mark.slow
+
+ROLL = ["env.id=agent_rl/PythonArithEasy-v0", "rollout.max_new_tokens=24", "rollout.max_turns=2"]
+EXACT_PREFIXES = ("env/", "tokens/")
+
+
+def _collector_config() -> CollectorConfig:
+    return CollectorConfig(
+        sampling=SamplingParams(max_new_tokens=24), max_turns=2, max_total_tokens=512, max_tool_tokens=64
+    )
+
+
+def _tasks(n: int) -> list[dict[str, int]]:
+    return [{"task_index": i, "seed": i} for i in range(n)]
+
+
+def _rollout(cfg_overrides: list[str], tiny_model_dir: Path) -> tuple[Any, Any, Any]:
+    from agent_rl.distributed import RayRollout
+    from agent_rl.tiny_model import load_model_and_tokenizer
+
+    cfg = build_config({}, [*ROLL, f"model.path={tiny_model_dir}", "scale.backend=ray", *cfg_overrides])
+    model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
+    return RayRollout.from_config(cfg, tiny_model_dir, model.state_dict()), model, tokenizer
+
+
+def _in_process(model: Any, tokenizer: Any, env_id: str = "agent_rl/PythonArithEasy-v0") -> Collector:
+    import gymnasium
+
+    import envs  # noqa: F401
+    from agent_rl.rollout.hf_engine import HFEngine
+    from sandbox import LocalSandbox
+
+    sandbox = LocalSandbox()
+    engine = HFEngine(model, tokenizer, max_model_len=536, seed=0)
+    return Collector(
+        engine,
+        tokenizer,
+        lambda: gymnasium.make(env_id, sandbox=sandbox, max_turns=2),
+        _collector_config(),
+    )
+
+
+def _assert_same(ray_trajs: list[Any], local_trajs: list[Any]) -> None:
+    assert [t.traj_id for t in ray_trajs] == [t.traj_id for t in local_trajs]
+    for a, b in zip(ray_trajs, local_trajs, strict=True):
+        assert a.infra_error is None, a.infra_error
+        assert (a.group_id, a.sample_index, a.task) == (b.group_id, b.sample_index, b.task)
+        assert a.prompt_ids == b.prompt_ids and a.response_ids == b.response_ids
+        assert a.response_mask == b.response_mask and a.reward == b.reward
+        assert max((abs(x - y) for x, y in zip(a.log_probs, b.log_probs)), default=0.0) < 1e-4
+
+
+# ---------------------------------------------------------------------------------------- parity
+def _train(tiny_model_dir: Path, out: Path, name: str, extra: list[str]) -> tuple[dict, dict]:
+    cfg = build_config(
+        {},
+        [
+            *SMALL,
+            f"model.path={tiny_model_dir}",
+            f"run.out_dir={out}",
+            f"run.name={name}",
+            "train.steps=2",
+            *extra,
+        ],
+    )
+    trainer = Trainer(cfg)
+    try:
+        summary = trainer.fit()
+    finally:
+        if hasattr(trainer.engine, "shutdown"):
+            trainer.engine.shutdown()
+    rows = {
+        r["step"]: {k: v for k, v in r.items() if k.startswith(COMPARED_PREFIXES)}
+        for r in read_metrics(out / name)
+        if "losses/loss" in r
+    }
+    return rows, summary
+
+
+def test_ray_training_matches_in_process(ray_cluster: Any, tiny_model_dir: Path, tmp_path: Path) -> None:
+    local, local_summary = _train(tiny_model_dir, tmp_path, "local", [])
+    remote, remote_summary = _train(
+        tiny_model_dir, tmp_path, "ray", ["scale.backend=ray", "scale.rollout_workers=2"]
+    )
+    assert sorted(remote) == sorted(local) == [1, 2]
+    for step in local:
+        assert set(remote[step]) == set(local[step])
+        for key, want in local[step].items():
+            got = remote[step][key]
+            if key.startswith(EXACT_PREFIXES):
+                assert got == want, (step, key, got, want)
+            else:
+                assert math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-6), (step, key, got, want)
+    for phase in ("eval_before", "eval_after"):
+        assert remote_summary[phase] == local_summary[phase]
+    assert remote_summary["eval_after"]["eval/infra_errors"] == 0
+
+
+# ---------------------------------------------------------------------------------------- faults
+def test_worker_killed_mid_collect_is_replaced_and_nothing_is_lost(
+    ray_cluster: Any, tiny_model_dir: Path
+) -> None:
+    import torch
+
+    rollout, model, tokenizer = _rollout(["scale.rollout_workers=2"], tiny_model_dir)
+    try:
+        collector = rollout.collector(_collector_config())
+        # New weights (version 2) published just before the step, as after a learner update.
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.02 * torch.randn_like(p))
+        version = rollout.update_weights(model.state_dict())
+        assert version == 2
+        victim, victim_id = rollout.workers[0], rollout.worker_ids[0]
+        submitted = threading.Event()
+
+        def kill_when_submitted() -> None:
+            submitted.wait(60)
+            ray_cluster.kill(victim, no_restart=True)
+
+        killer = threading.Thread(target=kill_when_submitted)
+        killer.start()
+        trajs = collector.collect(_tasks(6), 2, seed=11, on_submitted=submitted.set)
+        killer.join()
+
+        stats = collector.last_stats
+        assert stats.worker_restarts == 1 and stats.rerun_episodes == 6 and stats.lost_episodes == 0
+        assert rollout.worker_ids[0] != victim_id
+        assert len(trajs) == 12
+        # Nothing lost and nothing stale: identical to the in-process collector on the new weights.
+        _assert_same(trajs, _in_process(model, tokenizer).collect(_tasks(6), 2, seed=11))
+        assert rollout.worker_versions() == [2, 2]
+
+        version = rollout.update_weights(model.state_dict())
+        trajs = collector.collect(_tasks(2), 2, seed=12)
+        assert len(trajs) == 4 and all(t.infra_error is None for t in trajs)
+        assert rollout.worker_versions() == [version, version] == [3, 3]
+
+        # With no attempt left, a lost shard comes back flagged as infrastructure failures.
+        rollout.max_attempts = 1
+        victim = rollout.workers[1]
+        trajs = collector.collect(
+            _tasks(4), 2, seed=13, on_submitted=lambda: ray_cluster.kill(victim, no_restart=True)
+        )
+        assert [(t.group_id, t.sample_index) for t in trajs] == [(g, s) for g in range(4) for s in range(2)]
+        lost = [t for t in trajs if t.infra_error]
+        assert [t.group_id for t in lost] == [2, 2, 3, 3]
+        assert all(t.stop_reason == "infra_error" and "rollout worker lost" in t.infra_error for t in lost)
+        assert all(t.infra_error is None and t.response_ids for t in trajs[:4])
+        assert collector.last_stats.lost_episodes == 4
+        assert rollout.worker_versions() == [3, 3]
+    finally:
+        rollout.shutdown()
+
+
+# ---------------------------------------------------------------------------------- back-pressure
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def two_sandbox_services() -> Iterator[list[str]]:
+    """Two sandbox services that each accept ONE open session (more is answered with 429)."""
+    procs, urls = [], []
+    for _ in range(2):
+        port = _free_port()
+        cmd = [sys.executable, "-m", "sandbox", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        cmd += ["--max-sessions", "1", "--workers-pool-size", "1", "--log-level", "warning"]
+        procs.append(subprocess.Popen(cmd))
+        urls.append(f"http://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + 60
+        for url in urls:
+            while True:
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, f"sandbox service {url} did not come up"
+                time.sleep(0.2)
+        yield urls
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)
+
+
+def _rejected(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("sandbox_rejected_total")
+    )
+
+
+def test_more_episodes_than_sandbox_capacity_queue(
+    ray_cluster: Any, tiny_model_dir: Path, two_sandbox_services: list[str]
+) -> None:
+    urls = [f"{u}#capacity=1" for u in two_sandbox_services]
+    rollout, _, _ = _rollout(["scale.rollout_workers=2", f"scale.sandbox_urls={urls}"], tiny_model_dir)
+    try:
+        collector = rollout.collector(_collector_config())
+        trajs = collector.collect(_tasks(4), 2, seed=5)  # 8 concurrent episodes, 2 sandbox slots
+        assert len(trajs) == 8
+        assert [t.infra_error for t in trajs] == [None] * 8
+        stats = ray_cluster.get(rollout.leaser.stats.remote())
+        assert stats["capacity"] == 2 and stats["peak_in_use"] == 2
+        assert stats["queued"] >= 1, stats  # episodes waited for a slot instead of failing
+        assert stats["in_use"] == 0, "every slot must be returned when its episode ends"
+        served = stats["served"]
+        assert sum(served.values()) == 8 and min(served.values()) >= 1, f"not spread: {served}"
+        assert [_rejected(u) for u in two_sandbox_services] == [0.0, 0.0], "no service saw overload"
+    finally:
+        rollout.shutdown()
