@@ -54,12 +54,10 @@ def _stat_dtype(t: torch.Tensor) -> torch.dtype:
 def _chunk_logits(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
 ) -> torch.Tensor:
-    logits = hidden @ weight.T  # (C, V) in the model's dtype
-    if bias is not None:
-        logits = logits + bias
-    logits = logits.to(_stat_dtype(hidden))  # (C, V)
+    logits = torch.nn.functional.linear(hidden, weight, bias)  # (C, V) model dtype, exactly as nn.Linear
+    logits = logits.to(_stat_dtype(hidden))  # (C, V) a fresh buffer either way
     if temperature != 1.0:
-        logits = logits / temperature
+        logits.div_(temperature)  # in place: no second chunk-sized buffer
     return logits
 
 

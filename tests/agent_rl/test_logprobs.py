@@ -9,9 +9,7 @@ from agent_rl.logprobs import causal_lm_token_stats, token_stats_from_hidden
 
 
 def naive_stats(hidden, weight, targets, bias=None, temperature=1.0):
-    logits = hidden @ weight.T  # (..., V)
-    if bias is not None:
-        logits = logits + bias
+    logits = torch.nn.functional.linear(hidden, weight, bias)  # (..., V) as the model's nn.Linear head
     z = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
     log_p = torch.log_softmax(z, dim=-1)
     p = log_p.exp()
