@@ -59,9 +59,12 @@ class CollectorConfig:
     """Threads for env construction, reset, step and close (sandbox calls block in them)."""
     max_batch_size: int | None = None
     """Most sequences per engine call (None = all waiting ones)."""
-    batch_wait_s: float = 0.005
-    """How long a generation call may wait for more episodes to finish their env step, when some
-    are still in one; larger batches vs. an idle engine. 0 = dispatch immediately."""
+    batch_wait_s: float | None = None
+    """How long a generation call may wait for episodes still in an env step to join it. None =
+    adaptive: a quarter of the recent engine-call time (50 ms before the first call), since a
+    split batch costs about one more engine call while waiting costs only the wait. 0 = never wait."""
+    batch_wait_fraction: float = 0.25
+    """The adaptive wait as a fraction of the recent engine-call duration (with batch_wait_s=None)."""
     chat_template: str | None = None
     """Override of the tokenizer's chat template (None = the tokenizer's own)."""
 
@@ -74,6 +77,8 @@ class CollectorConfig:
             raise ValueError(f"max_total_tokens must be >= 2, got {self.max_total_tokens}")
         if self.env_workers < 1:
             raise ValueError(f"env_workers must be >= 1, got {self.env_workers}")
+        if self.batch_wait_s is not None and self.batch_wait_s < 0:
+            raise ValueError(f"batch_wait_s must be >= 0 or None (adaptive), got {self.batch_wait_s}")
 
 
 @dataclass
@@ -90,6 +95,8 @@ class CollectStats:
     """Sum over episodes of time inside env calls (overlapping episodes add up)."""
     env_busy_s: float = 0.0
     """Wall time during which at least one env call ran."""
+    bookkeeping_s: float = 0.0
+    """Time in the collector's own token work: prompts, chat deltas, decoding, checks."""
 
     def as_metrics(self) -> dict[str, float]:
         calls = max(self.engine_calls, 1)
@@ -100,11 +107,16 @@ class CollectStats:
             "perf/engine_mean_batch": self.sequences_generated / calls,
             "perf/policy_tokens_per_s": self.policy_tokens / self.wall_s if self.wall_s else 0.0,
             "perf/env_busy_frac": self.env_busy_s / self.wall_s if self.wall_s else 0.0,
+            "perf/bookkeeping_s": self.bookkeeping_s,
         }
 
 
-def _mix_seed(*parts: int) -> int:
-    """A deterministic seed from several ints (Python's hash() of ints is not mixed enough)."""
+def turn_seed(*parts: int) -> int:
+    """The engine seed of one turn: turn_seed(call_seed, group, sample, turn).
+
+    Deterministic, so an episode can be replayed token for token (engines sample batch-invariantly
+    per seed); mixed, because neighbouring samples must not get correlated streams.
+    """
     h = 0x9E3779B97F4A7C15
     for p in parts:
         h ^= (p & 0xFFFFFFFFFFFFFFFF) + 0x9E3779B97F4A7C15 + ((h << 6) & 0xFFFFFFFFFFFFFFFF) + (h >> 2)
@@ -125,6 +137,14 @@ class _Batcher:
         self._pending: list[tuple[list[int], SamplingParams, asyncio.Future[Completion]]] = []
         self._wake = asyncio.Event()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._recent_call_s: float | None = None
+
+    def _wait_budget(self) -> float:
+        if self.config.batch_wait_s is not None:
+            return self.config.batch_wait_s
+        if self._recent_call_s is None:
+            return 0.05
+        return self.config.batch_wait_fraction * self._recent_call_s
 
     async def generate(self, prompt: list[int], params: SamplingParams) -> Completion:
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
@@ -138,7 +158,7 @@ class _Batcher:
             await self._wake.wait()
             self._wake.clear()
             # Give episodes that are about to finish an env step a moment to join this batch.
-            deadline = loop.time() + self.config.batch_wait_s
+            deadline = loop.time() + self._wait_budget()
             while self._pending and len(self._pending) < self._live() and loop.time() < deadline:
                 await asyncio.sleep(0.0005)
             while self._pending:
@@ -155,7 +175,10 @@ class _Batcher:
                             fut.set_exception(exc)
                     continue
                 finally:
-                    self.stats.engine_busy_s += time.perf_counter() - started
+                    took = time.perf_counter() - started
+                    self.stats.engine_busy_s += took
+                    previous = self._recent_call_s
+                    self._recent_call_s = took if previous is None else 0.7 * previous + 0.3 * took
                 self.stats.engine_calls += 1
                 self.stats.sequences_generated += len(batch)
                 for (_, _, fut), result in zip(batch, results, strict=True):
@@ -277,6 +300,7 @@ class Collector:
         clock: _EnvClock,
     ) -> Trajectory:
         cfg = self.config
+        stats = batcher.stats
         loop = asyncio.get_running_loop()
         traj = Trajectory(traj_id=f"{call_seed}-{g}-{s}", group_id=g, sample_index=s, task=json_safe(task))
         timings = {"generate_wait": 0.0, "env": 0.0, "total": 0.0}
@@ -311,7 +335,9 @@ class Collector:
             if (info or {}).get("infra_error"):
                 fail("env.reset", str(info["infra_error"]))
                 return traj
+            t0 = time.perf_counter()
             traj.prompt_ids = self.delta.prompt_ids(obs)
+            stats.bookkeeping_s += time.perf_counter() - t0
             limit = min(cfg.max_total_tokens, self.engine.max_model_len)
 
             for turn in range(cfg.max_turns):
@@ -321,11 +347,12 @@ class Collector:
                     break
                 params = cfg.sampling.with_(
                     max_new_tokens=min(cfg.sampling.max_new_tokens, room),
-                    seed=_mix_seed(call_seed, g, s, turn),
+                    seed=turn_seed(call_seed, g, s, turn),
                 )
                 t0 = time.perf_counter()
                 completion = await batcher.generate(traj.prompt_ids + traj.response_ids, params)
-                timings["generate_wait"] += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                timings["generate_wait"] += t1 - t0
                 self._append_policy(traj, completion)
                 record = TurnRecord(
                     policy_tokens=len(completion.token_ids), finish_reason=completion.finish_reason
@@ -333,6 +360,7 @@ class Collector:
                 traj.turns.append(record)
 
                 text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+                stats.bookkeeping_s += time.perf_counter() - t1
                 try:
                     obs, reward, terminated, truncated, info = await in_env(env.step, text)
                 except Exception as exc:
@@ -341,9 +369,8 @@ class Collector:
                 info = dict(info or {})
                 record.reward = float(reward)
                 record.info = json_safe(info)
-                traj.token_rewards[-1] += (
-                    record.reward
-                )  # the last token appended is this turn's last policy token
+                # The last token appended is this turn's last policy token.
+                traj.token_rewards[-1] += record.reward
                 traj.reward += record.reward
                 if info.get("infra_error"):
                     fail("env.step", str(info["infra_error"]))
@@ -357,6 +384,7 @@ class Collector:
                 if turn == cfg.max_turns - 1:
                     traj.stop_reason = "max_turns"
                     break
+                t0 = time.perf_counter()
                 cut = self.delta.truncate_tool_messages(list(obs), cfg.max_tool_tokens)
                 record.tool_truncated_tokens = cut.cut_tokens
                 ended_with_eos = completion.token_ids[-1] == self.engine.eos_token_id
@@ -369,6 +397,7 @@ class Collector:
                     break
                 self._append_env(traj, delta)
                 record.tool_tokens = len(delta)
+                stats.bookkeeping_s += time.perf_counter() - t0
         finally:
             if env is not None:
                 try:

@@ -14,13 +14,19 @@ whose KV entries were computed with the old weights.
 
 In-process engines: on CPU we default VLLM_ENABLE_V1_MULTIPROCESSING=0 (set before vLLM is
 imported) so the engine lives in the caller's process. Note that vLLM then lowers torch's
-intra-op thread count for the whole process.
+intra-op thread count for the whole process (and disables torch.set_num_threads).
+
+Why every vLLM call runs on one thread the engine owns: the CPU backend's attention checks that
+the OpenMP thread count when a batch is planned equals the one when it runs, and OpenMP settings
+are per OS thread. Callers (the collector's engine thread, the trainer's main thread) differ;
+pinning vLLM to a single thread keeps it consistent whoever calls.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +88,17 @@ class VLLMEngine:
         if gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         kwargs.update(llm_kwargs)
-        self.llm = LLM(**kwargs)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm")
+        self.llm = self._on_thread(lambda: LLM(**kwargs))
         self.tokenizer = self.llm.get_tokenizer()
         self.eos_token_id = int(self.tokenizer.eos_token_id)
         self.max_model_len = max_model_len
         self._tie_word_embeddings = bool(
             getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
         )
+
+    def _on_thread(self, fn: Callable[[], Any]) -> Any:
+        return self._thread.submit(fn).result()
 
     def _to_vllm(self, p: SamplingParams) -> Any:
         from vllm import SamplingParams as VSamplingParams
@@ -115,7 +125,8 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in prompt]) for prompt in prompts]
-        outputs = self.llm.generate(requests, [self._to_vllm(p) for p in plist], use_tqdm=False)
+        vparams = [self._to_vllm(p) for p in plist]
+        outputs = self._on_thread(lambda: self.llm.generate(requests, vparams, use_tqdm=False))
         completions = []
         for out in outputs:
             sample = out.outputs[0]
@@ -144,5 +155,9 @@ class VLLMEngine:
             and "model.embed_tokens.weight" in names
         ):
             items.append(("lm_head.weight", state_dict["model.embed_tokens.weight"].detach()))
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
-        self.llm.reset_prefix_cache()
+
+        def reload() -> None:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+            self.llm.reset_prefix_cache()
+
+        self._on_thread(reload)

@@ -1,0 +1,343 @@
+"""Benchmark: the rollout collector against the raw engine, for HFEngine and VLLMEngine on CPU.
+
+What it measures (medians over repeats; the machine is shared, so read ratios, not absolutes):
+1. Collector wall time for B tasks x N samples x T turns of a multi-turn env.
+2. The raw engine's generate time for the same work in the same run: the trajectories are replayed
+   turn by turn in lock-step, every sequence of a turn in ONE engine.generate call, with the
+   collector's own per-turn seeds (so the same tokens are sampled; the match rate is printed).
+   This is the floor a hand-written loop without envs would reach.
+3. overhead = collector wall / raw generate time - 1 (target <= 5% with the local sandbox): what
+   the env steps, sandbox calls, chat-delta tokenisation and async batching cost on top of
+   generation once overlap is accounted for.
+4. env share: fraction of the collector's wall time during which at least one env/sandbox call
+   was running (high share + low overhead = the overlap works).
+5. Policy tokens per second through the collector and through the raw engine.
+
+Envs: "scripted" replies instantly; "sandbox" runs one real cell per turn in a LocalSandbox
+session (bubblewrap when installed), the default sandbox of our environments.
+
+Run:  python benchmarks/rollout_bench.py [--engines hf vllm] [--envs scripted sandbox]
+      [--tasks 8 --group-size 4 --turns 3 --max-new-tokens 32 --repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import torch
+
+from agent_rl.rollout.collector import Collector, CollectorConfig, turn_seed
+from agent_rl.rollout.engine import SamplingParams
+from agent_rl.rollout.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    engines: tuple[str, ...] = ("hf", "vllm")
+    envs: tuple[str, ...] = ("scripted", "sandbox")
+    tasks: int = 8
+    """B: distinct tasks per collect() call."""
+    group_size: int = 4
+    """N: samples per task."""
+    turns: int = 3
+    """Policy turns per episode (the env terminates after this many)."""
+    max_new_tokens: int = 32
+    """Per turn."""
+    repeats: int = 3
+    threads: int = 1
+    """torch intra-op threads; 1 avoids oversubscription on the shared 2-core machines."""
+    model_dir: str | None = None
+    """A model directory; None builds the bench model below into .cache/bench/."""
+    hidden: int = 256
+    """Bench model size: the test model (hidden 64) decodes so fast that any env dominates, unlike
+    real models; hidden 256 x 4 layers keeps the generate/env ratio closer to practice on CPU."""
+    layers: int = 4
+    batch_wait_s: float = CollectorConfig.batch_wait_s
+
+
+# ---------------------------------------------------------------- envs
+
+
+class ScriptedEnv(gymnasium.Env):
+    """A multi-turn env with an instant, fixed-size tool reply."""
+
+    def __init__(self, turns: int) -> None:
+        self.turns = turns
+        self.turn = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.turn = 0
+        return [
+            {"role": "system", "content": "Use python."},
+            {"role": "user", "content": f"What is {seed} * 7?"},
+        ], {}
+
+    def _tool_output(self, action: str) -> str:
+        return f"```output\n{len(action) * 7}\n```"
+
+    def step(self, action: str):
+        self.turn += 1
+        done = self.turn >= self.turns
+        obs = [] if done else [{"role": "tool", "content": self._tool_output(action)}]
+        return obs, float(done), done, False, {}
+
+
+class SandboxEnv(ScriptedEnv):
+    """Runs one cell per turn in a LocalSandbox session (as our Python tool does)."""
+
+    def __init__(self, turns: int, sandbox: Any) -> None:
+        super().__init__(turns)
+        self.sandbox = sandbox
+        self.session: Any = None
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if self.session is None:
+            self.session = self.sandbox.session()
+        return super().reset(seed=seed, options=options)
+
+    def _tool_output(self, action: str) -> str:
+        result = self.session.run(f"x = {len(action)}\nprint(sum(i * i for i in range(x)))", timeout_s=5)
+        return f"```output\n{result.stdout.strip()}\n```"
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+
+# ---------------------------------------------------------------- measurement
+
+
+def turn_starts(traj: Trajectory) -> list[int]:
+    """Response offsets where each policy turn begins."""
+    starts, previous = [], 0
+    for i, m in enumerate(traj.response_mask):
+        if m and not previous:
+            starts.append(i)
+        previous = m
+    return starts
+
+
+def replay(
+    engine: Any, trajs: list[Trajectory], sampling: SamplingParams, call_seed: int
+) -> tuple[float, float]:
+    """Regenerate every turn in lock-step batches; return (seconds, fraction of turns reproduced)."""
+    per_turn: dict[int, list[tuple[list[int], SamplingParams, list[int]]]] = {}
+    for t in trajs:
+        starts = turn_starts(t)
+        for k, start in enumerate(starts):
+            end = start + t.turns[k].policy_tokens
+            prefix = t.prompt_ids + t.response_ids[:start]
+            params = sampling.with_(seed=turn_seed(call_seed, t.group_id, t.sample_index, k))
+            per_turn.setdefault(k, []).append((prefix, params, t.response_ids[start:end]))
+    seconds, same, total = 0.0, 0, 0
+    for k in sorted(per_turn):
+        batch = per_turn[k]
+        started = time.perf_counter()
+        outs = engine.generate([b[0] for b in batch], [b[1] for b in batch])
+        seconds += time.perf_counter() - started
+        same += sum(o.token_ids == b[2] for o, b in zip(outs, batch, strict=True))
+        total += len(batch)
+    return seconds, same / max(total, 1)
+
+
+@dataclass
+class Row:
+    engine: str
+    env: str
+    wall: list[float] = field(default_factory=list)
+    busy: list[float] = field(default_factory=list)
+    raw: list[float] = field(default_factory=list)
+    env_share: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    batch: list[float] = field(default_factory=list)
+    match: list[float] = field(default_factory=list)
+    bookkeeping: list[float] = field(default_factory=list)
+
+
+def model_dir(cfg: BenchConfig) -> str:
+    if cfg.model_dir is not None:
+        return cfg.model_dir
+    from agent_rl.tiny_model import TinyModelSpec, build_tiny_model
+
+    spec = TinyModelSpec(
+        hidden_size=cfg.hidden,
+        num_layers=cfg.layers,
+        num_heads=cfg.hidden // 64,
+        intermediate_size=4 * cfg.hidden,
+    )
+    out = Path(".cache/bench") / f"tiny-h{cfg.hidden}-l{cfg.layers}"
+    marker = out / "tiny_model_spec.json"
+    if not marker.exists() or json.loads(marker.read_text()) != asdict(spec):
+        build_tiny_model(out, spec)
+    return str(out)
+
+
+def make_engine(name: str, cfg: BenchConfig, path: str) -> Any:
+    max_len = 64 + cfg.turns * (cfg.max_new_tokens + 48) + 64
+    if name == "hf":
+        from agent_rl.rollout.hf_engine import HFEngine
+
+        return HFEngine.from_pretrained(path, dtype="float32", max_model_len=max_len)
+    from agent_rl.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(
+        path,
+        dtype="float32",
+        max_model_len=max_len,
+        max_num_seqs=cfg.tasks * cfg.group_size,
+        kv_cache_memory_bytes=128 * 2**20,
+    )
+
+
+def run_scenario(engine: Any, engine_name: str, env_name: str, cfg: BenchConfig, sandbox: Any) -> Row:
+    def factory() -> gymnasium.Env:
+        return ScriptedEnv(cfg.turns) if env_name == "scripted" else SandboxEnv(cfg.turns, sandbox)
+
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens)
+    config = CollectorConfig(
+        sampling=sampling,
+        max_turns=cfg.turns,
+        max_total_tokens=engine.max_model_len,
+        max_tool_tokens=64,
+        env_workers=cfg.tasks * cfg.group_size,
+        batch_wait_s=cfg.batch_wait_s,
+    )
+    collector = Collector(engine, engine.tokenizer, factory, config)
+    tasks = list(range(cfg.tasks))
+    collector.collect(tasks, cfg.group_size, seed=10_000)  # warm-up: compile, sandbox pool, caches
+    row = Row(engine_name, env_name)
+    for r in range(cfg.repeats):
+        # Alternate which of the pair runs first, so load drifts on the shared machine cancel out.
+        if r % 2:
+            reference = collector.collect(tasks, cfg.group_size, seed=r)
+            raw_s, match = replay(engine, reference, sampling, call_seed=r)
+        trajs = collector.collect(tasks, cfg.group_size, seed=r)
+        stats = collector.last_stats
+        bad = [t.infra_error for t in trajs if t.infra_error]
+        if bad:
+            raise RuntimeError(
+                f"{engine_name}/{env_name}: infrastructure errors during the benchmark: {bad[:3]}"
+            )
+        if not r % 2:
+            raw_s, match = replay(engine, trajs, sampling, call_seed=r)
+        row.wall.append(stats.wall_s)
+        row.busy.append(stats.engine_busy_s)
+        row.raw.append(raw_s)
+        row.env_share.append(stats.env_busy_s / stats.wall_s)
+        row.tokens.append(stats.policy_tokens)
+        row.batch.append(stats.sequences_generated / max(stats.engine_calls, 1))
+        row.match.append(match)
+        row.bookkeeping.append(stats.bookkeeping_s)
+    return row
+
+
+def print_table(rows: list[Row], cfg: BenchConfig) -> None:
+    med = statistics.median
+    print(
+        f"\nrollout benchmark: B={cfg.tasks} x N={cfg.group_size}, {cfg.turns} turns, <= {cfg.max_new_tokens} new "
+        f"tokens/turn, {cfg.repeats} repeats (medians), torch threads {cfg.threads}, model {cfg.model_dir or 'bench'} "
+        f"(hidden {cfg.hidden}, {cfg.layers} layers)"
+    )
+    columns = [
+        ("engine", "<6"), ("env", "<9"), ("policy tok", ">10"), ("collector s", ">11"), ("raw gen s", ">9"),
+        ("overhead", ">8"), ("best/best", ">9"), ("bookkeeping", ">11"), ("engine idle", ">11"),
+        ("gen slowdown", ">12"), ("env share", ">9"), ("tok/s coll", ">10"), ("tok/s raw", ">9"),
+        ("mean batch", ">10"), ("replay match", ">12"),
+    ]  # fmt: skip
+    header = " ".join(f"{name:{spec}}" for name, spec in columns)
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        wall, raw, tokens = med(r.wall), med(r.raw), med(r.tokens)
+        values = [
+            r.engine,
+            r.env,
+            f"{tokens:.0f}",
+            f"{wall:.3f}",
+            f"{raw:.3f}",
+            f"{med([w / x - 1 for w, x in zip(r.wall, r.raw, strict=True)]):+.1%}",
+            f"{min(r.wall) / min(r.raw) - 1:+.1%}",
+            f"{med([k / b for k, b in zip(r.bookkeeping, r.busy, strict=True)]):.1%}",
+            f"{med([1 - b / w for b, w in zip(r.busy, r.wall, strict=True)]):.1%}",
+            f"{med([b / x - 1 for b, x in zip(r.busy, r.raw, strict=True)]):+.1%}",
+            f"{med(r.env_share):.1%}",
+            f"{tokens / wall:.0f}",
+            f"{tokens / raw:.0f}",
+            f"{med(r.batch):.1f}",
+            f"{med(r.match):.0%}",
+        ]
+        print(" ".join(f"{v:{spec}}" for v, (_, spec) in zip(values, columns, strict=True)))
+    print(
+        "\noverhead = collector wall / raw lock-step generate time (same tokens, same run) - 1, median of per-repeat\n"
+        "  ratios; best/best = fastest collector run / fastest raw run - 1. Target <= +5% with the sandbox.\n"
+        "bookkeeping = the collector's own token work (chat deltas, decoding, checks) / engine time.\n"
+        "engine idle = wall-time fraction the engine waited (on envs, batching or bookkeeping).\n"
+        "gen slowdown = engine-call time inside the collector / the same calls replayed raw - 1: CPU contention\n"
+        "  from env/sandbox processes on a 2-core machine shows here, not as engine idle.\n"
+        "env share = wall-time fraction with >= 1 env/sandbox call running."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--engines", nargs="+", default=list(BenchConfig.engines), choices=["hf", "vllm"])
+    p.add_argument("--envs", nargs="+", default=list(BenchConfig.envs), choices=["scripted", "sandbox"])
+    p.add_argument("--tasks", type=int, default=BenchConfig.tasks)
+    p.add_argument("--group-size", type=int, default=BenchConfig.group_size)
+    p.add_argument("--turns", type=int, default=BenchConfig.turns)
+    p.add_argument("--max-new-tokens", type=int, default=BenchConfig.max_new_tokens)
+    p.add_argument("--repeats", type=int, default=BenchConfig.repeats)
+    p.add_argument("--threads", type=int, default=BenchConfig.threads)
+    p.add_argument("--model-dir", default=None, help="a model dir (default: build the bench model)")
+    p.add_argument("--hidden", type=int, default=BenchConfig.hidden)
+    p.add_argument("--layers", type=int, default=BenchConfig.layers)
+    p.add_argument("--batch-wait", type=float, default=BenchConfig.batch_wait_s)
+    args = p.parse_args(argv)
+    cfg = BenchConfig(
+        engines=tuple(args.engines),
+        envs=tuple(args.envs),
+        tasks=args.tasks,
+        group_size=args.group_size,
+        turns=args.turns,
+        max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats,
+        threads=args.threads,
+        model_dir=args.model_dir,
+        hidden=args.hidden,
+        layers=args.layers,
+        batch_wait_s=args.batch_wait,
+    )
+    path = model_dir(cfg)
+    torch.set_num_threads(cfg.threads)
+    sandbox = None
+    if "sandbox" in cfg.envs:
+        from sandbox.local import LocalSandbox
+
+        # One warm worker per concurrent episode, as a deployment sized for its batch would have.
+        sandbox = LocalSandbox(pool_size=cfg.tasks * cfg.group_size)
+    rows = []
+    try:
+        for engine_name in cfg.engines:
+            engine = make_engine(engine_name, cfg, path)
+            for env_name in cfg.envs:
+                rows.append(run_scenario(engine, engine_name, env_name, cfg, sandbox))
+                print(f"done: {engine_name}/{env_name}", file=sys.stderr)
+    finally:
+        if sandbox is not None:
+            sandbox.close()
+    print_table(rows, cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
