@@ -2,8 +2,8 @@
 
 What it measures (CPU, tiny model, the easy arithmetic env with the local sandbox):
 1. Rollout throughput: wall time of one collect(B tasks x N samples) and policy tokens/s, for the
-   in-process collector (the baseline, torch with all cores) and for Ray with 1 and 2 rollout
-   workers (1 logical CPU and 1 torch thread each). Medians and p99 over repeated collects with
+   in-process collector (the baseline, with torch's default threads and with 1 thread) and for
+   Ray with 1 and 2 rollout workers (1 logical CPU and 1 torch thread each). Medians and p99 over repeated collects with
    fresh seeds, after one warm-up collect per setup.
 2. Weight sync: `RayRollout.update_weights(state_dict, wait=True)` = one `ray.put` of the state
    dict plus every worker fetching it from the object store and copying it into its model;
@@ -100,7 +100,11 @@ def main() -> None:
         lambda: gymnasium.make("agent_rl/PythonArithEasy-v0", sandbox=sandbox, max_turns=2),
         cc,
     )
-    rows.append(("in-process (baseline)", _time_collects(local, args)))
+    threads = torch.get_num_threads()
+    rows.append((f"in-process, {threads} thr", _time_collects(local, args)))
+    torch.set_num_threads(1)  # what each Ray worker gets (1 logical CPU): separates threads from Ray
+    rows.append(("in-process, 1 thr", _time_collects(local, args)))
+    torch.set_num_threads(threads)
 
     t0 = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)

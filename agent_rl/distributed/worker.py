@@ -39,6 +39,8 @@ class WorkerSpec:
     num_gpus: float = 0.0
     torch_threads: int | None = None
     """Intra-op threads for the HF engine; None = the actor's CPU share (at least 1)."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra VLLMEngine arguments, e.g. {"tensor_parallel_size": 2} with num_gpus=2 (untested here)."""
 
 
 @dataclass
@@ -103,7 +105,11 @@ class RolloutWorker:
 
             self.tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
             self.engine = VLLMEngine(
-                spec.model_path, max_model_len=spec.max_model_len, seed=spec.seed, dtype=spec.dtype
+                spec.model_path,
+                max_model_len=spec.max_model_len,
+                seed=spec.seed,
+                dtype=spec.dtype,
+                **spec.engine_kwargs,
             )
         if leaser is not None:
             from agent_rl.distributed.sandbox_pool import PooledSandbox
