@@ -89,7 +89,7 @@ ensure_trainer_base_image() {
     return
   fi
   log "building trainer base image $TRAINER_BASE_IMAGE with the wheels in $WHEELS_DIR"
-  "$REPO_ROOT/scripts/build_base_image.sh" --tag "$TRAINER_BASE_IMAGE" --wheels "$WHEELS_DIR"
+  "$REPO_ROOT/scripts/build_base_image.sh" --tag "$TRAINER_BASE_IMAGE" --from "$BASE_IMAGE" --wheels "$WHEELS_DIR"
 }
 
 main() {
