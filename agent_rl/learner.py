@@ -92,6 +92,33 @@ class Learner:
         scored.update({k: torch.cat(v) for k, v in out.items() if v})
         return scored
 
+    def exact_sequence_grad_sq_norms(self, batch: Batch) -> torch.Tensor:
+        """(B,) true ||grad log p(response_i)||^2 by per-sample backward passes (small models only)."""
+        from agent_rl.grad_stats import per_sample_grad_sq_norms
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        log_probs = self._stats(self.model, batch, entropy=False, sum_p2=False).log_probs  # (B, R)
+        mask = batch["response_mask"].bool() & batch["valid"][:, None]
+        objectives = torch.where(mask, log_probs, torch.zeros_like(log_probs)).sum(1)  # (B,)
+        return per_sample_grad_sq_norms(objectives, params)
+
+    def gradient_diagnostics(self, scored: Batch) -> dict[str, float]:
+        """Exact per-sample policy-gradient variance and proxy-vs-true rank correlation (small models)."""
+        from agent_rl.grad_stats import exact_gradient_diagnostics
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        stats = self._stats(self.model, scored, entropy=False, sum_p2=True)
+        diag = exact_gradient_diagnostics(
+            stats.log_probs,
+            scored["advantages"],
+            scored["response_mask"],
+            stats.sum_pi_squared,
+            params,
+            valid=scored["valid"],
+        )
+        self.model.zero_grad(set_to_none=True)
+        return diag.metrics()
+
     def advantages(self, batch: Batch) -> torch.Tensor:
         inputs = AdvantageInputs(
             token_rewards=batch["token_rewards"],
@@ -160,9 +187,14 @@ class Learner:
         metrics["perf/lr"] = self.scheduler.get_last_lr()[0]
         return metrics
 
-    def step(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """Score, estimate advantages, update. Returns the scored batch (with advantages) and metrics."""
+    def step(self, batch: Batch, *, diagnose: bool = False) -> tuple[Batch, dict[str, float]]:
+        """Score, estimate advantages, update. Returns the scored batch (with advantages) and metrics.
+
+        diagnose: also measure the exact per-sample gradient variance before the update.
+        """
         scored = self.score(batch)
+        if self.needs("grad_sq_norms"):
+            scored["grad_sq_norms"] = self.exact_sequence_grad_sq_norms(scored)
         scored["advantages"] = self.advantages(scored)
         policy = scored["response_mask"].bool() & scored["valid"][:, None]
         metrics = advantage_metrics(scored["advantages"], policy)
@@ -174,6 +206,8 @@ class Learner:
             if policy.any()
             else 0.0
         )
+        if diagnose:
+            metrics.update(self.gradient_diagnostics(scored))
         metrics.update(self.update(scored))
         return scored, metrics
 

@@ -163,7 +163,6 @@ class Trainer:
         self.step = 0
         self.task_cursor = 0
         self.tokens_total = 0
-        dump_config(cfg, self.run_dir / "config.yaml")
 
     # -- state ---------------------------------------------------------------------------------
     def save(self) -> Path:
@@ -241,7 +240,8 @@ class Trainer:
         self.task_cursor += cfg.rollout.prompts_per_step
         t1 = time.perf_counter()
         batch = collate(trajs, self.tokenizer.pad_token_id)
-        scored, metrics = self.learner.step(batch)
+        every = cfg.train.grad_variance_every
+        scored, metrics = self.learner.step(batch, diagnose=bool(every) and self.step % every == 0)
         self.engine.update_weights(self.model.state_dict())
         t2 = time.perf_counter()
         for traj, adv in zip(trajs, scored["advantages"]):
@@ -271,6 +271,7 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         cfg = self.cfg
+        dump_config(cfg, self.run_dir / "config.yaml")
         resumed = self.maybe_resume()
         summary: dict[str, Any] = {
             "run_dir": str(self.run_dir),

@@ -105,3 +105,14 @@ def test_checkpoint_restores_learner_and_rngs(model, tmp_path) -> None:
     assert rest["step"] == 3 and rest["data"] == {"task_cursor": 24}
     assert torch.equal(saved, params(model))
     assert random.random() == expected_rand and torch.equal(torch.rand(3), expected_torch)
+
+
+def test_exact_optimal_and_gradient_diagnostics_run_on_the_tiny_model(model) -> None:
+    learner = Learner(model, AlgoConfig(estimator="exact_optimal"), TrainConfig(lr=1e-3))
+    assert learner.needs("grad_sq_norms")
+    scored, metrics = learner.step(make_batch([1, 0, 1, 0, 0, 1], [0, 0, 0, 1, 1, 1]), diagnose=True)
+    norms = scored["grad_sq_norms"]
+    assert norms.shape == (6,) and torch.all(norms > 0)
+    assert metrics["grad/exact_pg_variance"] > 0
+    assert -1.0 <= metrics["grad/proxy_spearman"] <= 1.0
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())

@@ -104,3 +104,15 @@ def test_kill_9_then_resume_reproduces_losses_bit_for_bit(tiny_model_dir: Path, 
     straight, resumed = _compared(tmp_path / "straight"), _compared(tmp_path / "killed")
     assert sorted(resumed) == [1, 2, 3, 4]
     assert resumed == straight  # exact float equality, step by step
+
+
+def test_eval_command_scores_the_latest_checkpoint(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
+    from agent_rl.cli import main
+
+    sets = [*SMALL, f"model.path={tiny_model_dir}", f"run.out_dir={tmp_path}", "run.name=ev", "train.steps=1"]
+    Trainer(build_config({}, sets)).fit()
+    capsys.readouterr()
+    assert main(["eval", *[a for s in sets for a in ("--set", s)], "--tasks", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["checkpoint"].endswith("step_000001") and out["tasks"] == 3
+    assert 0.0 <= out["eval/success_rate"] <= 1.0 and out["eval/infra_errors"] == 0
