@@ -302,6 +302,7 @@ def test_scale_sandbox_replicas(stack):
 
 @pytest.mark.slow
 def test_trainer_service_runs_the_quickstart_to_completion(stack):
+    stack.compose("build", "trainer", timeout=3000)  # `run` alone would reuse a stale image
     done = stack.compose(
         "run", "--rm", "-e", "AGENT_RL_TRAIN_ARGS=--set train.steps=2 --set env.eval_tasks=4", "trainer",
         timeout=3000, check=False,
