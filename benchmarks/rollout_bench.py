@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -319,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     path = model_dir(cfg)
     torch.set_num_threads(cfg.threads)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the table readable
     sandbox = None
     if "sandbox" in cfg.envs:
         from sandbox.local import LocalSandbox

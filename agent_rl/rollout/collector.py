@@ -155,35 +155,36 @@ class _Batcher:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await self._wake.wait()
-            self._wake.clear()
+            if not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
             # Give episodes that are about to finish an env step a moment to join this batch.
             deadline = loop.time() + self._wait_budget()
-            while self._pending and len(self._pending) < self._live() and loop.time() < deadline:
+            while len(self._pending) < self._live() and loop.time() < deadline:
                 await asyncio.sleep(0.0005)
-            while self._pending:
-                limit = self.config.max_batch_size or len(self._pending)
-                batch, self._pending = self._pending[:limit], self._pending[limit:]
-                started = time.perf_counter()
-                try:
-                    results = await loop.run_in_executor(
-                        self._thread, self.engine.generate, [b[0] for b in batch], [b[1] for b in batch]
-                    )
-                except Exception as exc:
-                    for _, _, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(exc)
-                    continue
-                finally:
-                    took = time.perf_counter() - started
-                    self.stats.engine_busy_s += took
-                    previous = self._recent_call_s
-                    self._recent_call_s = took if previous is None else 0.7 * previous + 0.3 * took
-                self.stats.engine_calls += 1
-                self.stats.sequences_generated += len(batch)
-                for (_, _, fut), result in zip(batch, results, strict=True):
+            limit = self.config.max_batch_size or len(self._pending)
+            batch, self._pending = self._pending[:limit], self._pending[limit:]
+            started = time.perf_counter()
+            try:
+                results = await loop.run_in_executor(
+                    self._thread, self.engine.generate, [b[0] for b in batch], [b[1] for b in batch]
+                )
+            except Exception as exc:
+                for _, _, fut in batch:
                     if not fut.done():
-                        fut.set_result(result)
+                        fut.set_exception(exc)
+                continue
+            finally:
+                took = time.perf_counter() - started
+                self.stats.engine_busy_s += took
+                previous = self._recent_call_s
+                self._recent_call_s = took if previous is None else 0.7 * previous + 0.3 * took
+            self.stats.engine_calls += 1
+            self.stats.sequences_generated += len(batch)
+            for (_, _, fut), result in zip(batch, results, strict=True):
+                if not fut.done():
+                    fut.set_result(result)
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)
@@ -243,7 +244,12 @@ class Collector:
 
     # ------------------------------------------------------------------ public API
     def collect(self, tasks: Sequence[Task], group_size: int, *, seed: int | None = None) -> list[Trajectory]:
-        """B tasks x `group_size` samples, grouped: trajectories[g * N + s] is sample s of task g."""
+        """B tasks x `group_size` samples, grouped: trajectories[g * N + s] is sample s of task g.
+
+        `seed` fixes every engine seed of this call (pass the training step for reproducible runs);
+        None uses config.seed + the number of earlier calls. From inside an event loop, await
+        `collect_async` instead.
+        """
         return asyncio.run(self.collect_async(tasks, group_size, seed=seed))
 
     async def collect_async(
@@ -273,7 +279,12 @@ class Collector:
 
         try:
             episodes = [one(g, s, task) for g, task in enumerate(tasks) for s in range(group_size)]
-            trajectories = list(await asyncio.gather(*episodes))
+            # Let every episode finish (and close its env) before an engine error is raised.
+            results = await asyncio.gather(*episodes, return_exceptions=True)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                raise errors[0]
+            trajectories = [r for r in results if isinstance(r, Trajectory)]
         finally:
             server.cancel()
             try:
@@ -383,6 +394,9 @@ class Collector:
                     break
                 if turn == cfg.max_turns - 1:
                     traj.stop_reason = "max_turns"
+                    break
+                if not obs:
+                    fail("env.step", "the env returned no new messages but did not end the episode")
                     break
                 t0 = time.perf_counter()
                 cut = self.delta.truncate_tool_messages(list(obs), cfg.max_tool_tokens)

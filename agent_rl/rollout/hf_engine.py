@@ -154,13 +154,23 @@ class HFEngine:
                 return True, hit
         return False, None
 
-    @torch.no_grad()
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[Completion]:
         plist = per_prompt_params(prompts, params, self.max_model_len)
         if not prompts:
             return []
+        # A shared trainer module may be in train mode (dropout, gradient checkpointing, which
+        # disables the KV cache): sample in eval mode and hand the module back as it was.
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._generate(prompts, plist)
+        finally:
+            self.model.train(was_training)
+
+    @torch.no_grad()
+    def _generate(self, prompts: Sequence[Sequence[int]], plist: list[SamplingParams]) -> list[Completion]:
         batch = len(prompts)
         width = max(len(p) for p in prompts)
         input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)

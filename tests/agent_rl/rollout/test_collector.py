@@ -269,3 +269,30 @@ def test_sandbox_going_away_mid_rollout(hf_engine: Any, tokenizer: Any) -> None:
         t.check()
     batch = collate(trajs, pad_id=tokenizer.pad_token_id)
     assert batch["valid"].sum() == len(trajs) - len(failed)
+
+
+def test_env_reply_missing_is_flagged(tokenizer: Any) -> None:
+    class SilentEnv(ScriptedToolEnv):
+        def step(self, action: str):
+            _obs, reward, terminated, truncated, info = super().step(action)
+            return [], reward, terminated, truncated, info
+
+    traj = Collector(scripted(tokenizer), tokenizer, lambda: SilentEnv(episode_turns=3)).collect([1], 1)[0]
+    assert traj.infra_error is not None and "no new messages" in traj.infra_error
+    traj.check()
+
+
+def test_engine_failure_propagates_and_closes_envs(tokenizer: Any) -> None:
+    class BrokenEngine(ScriptedEngine):
+        def generate(self, prompts: Any, params: Any) -> Any:
+            raise RuntimeError("engine died")
+
+    envs: list[ScriptedToolEnv] = []
+
+    def factory() -> ScriptedToolEnv:
+        envs.append(ScriptedToolEnv())
+        return envs[-1]
+
+    with pytest.raises(RuntimeError, match="engine died"):
+        Collector(BrokenEngine(tokenizer, REPLIES), tokenizer, factory).collect([1, 2], 2)
+    assert len(envs) == 4 and all(env.closed for env in envs)
