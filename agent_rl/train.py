@@ -116,6 +116,8 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = cfg.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.model.cpu_threads:
+            torch.set_num_threads(cfg.model.cpu_threads)
         seed_everything(cfg.train.seed)
         torch.use_deterministic_algorithms(True, warn_only=True)
         self.model_path = resolve_model_path(cfg)
@@ -286,7 +288,8 @@ class Trainer:
         progress = _progress(cfg.run.progress)
         with progress:
             task = progress.add_task("RL steps", total=cfg.train.steps, completed=self.step)
-            while self.step < cfg.train.steps:
+            budget = cfg.train.max_rollout_tokens
+            while self.step < cfg.train.steps and not (budget and self.tokens_total >= budget):
                 metrics = self.rl_step()
                 self.step += 1
                 self.logger.log(self.step, metrics)

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# One torch thread per process: on 2 shared cores, OpenMP threads that spin-wait against sandbox
+# workers and subprocesses made tiny-model tests an order of magnitude slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 CACHE = Path(
     os.environ.get("AGENT_RL_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "tests")
 )

@@ -1,0 +1,238 @@
+"""`agent-rl experiment FILE`: estimators x group sizes x seeds on one task and one token budget.
+
+The paper's claim to test: OTB with N=4 samples per prompt reaches the success of a group baseline
+with N=32 using far fewer rollout tokens. Every cell starts from the same warmed-up policy (one
+supervised warm-up, shared), sees the same task stream, and stops at the same rollout-token budget.
+The report lists, per cell (mean ± std over seeds): rollout tokens to reach the target success,
+final success, exact per-sample gradient variance, proxy-vs-true gradient-norm rank correlation,
+and gradient-norm spikes; plus success-vs-tokens plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent_rl.config import Config, ConfigError, build_config
+from agent_rl.metrics import read_metrics
+
+
+class Cell(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    estimator: str
+    group_size: int = Field(ge=1)
+
+    @property
+    def name(self) -> str:
+        return f"{self.estimator}-N{self.group_size}"
+
+
+class ExperimentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = "otb_vs_grpo"
+    base: dict[str, Any] = Field(default_factory=dict)
+    """A train config (same keys as configs/quickstart.yaml) shared by every cell."""
+    cells: list[Cell]
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
+    max_rollout_tokens: int = Field(gt=0)
+    """The shared budget: every run stops after consuming this many rollout tokens."""
+    max_steps: int = Field(1000, ge=1)
+    target_success: float = Field(0.5, gt=0, le=1)
+    """'Tokens to target' = cumulative tokens when the 3-step moving success first reaches this."""
+    grad_variance_every: int = Field(1, ge=0)
+    spike_factor: float = Field(3.0, gt=1)
+    """A gradient-norm spike is a step whose norm exceeds this multiple of the run's median."""
+    out_dir: str = "reports"
+
+
+def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    for text in overrides or []:
+        key, _, raw = text.partition("=")
+        node = data
+        *parents, last = key.split(".")
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[last] = yaml.safe_load(raw)
+    try:
+        exp = ExperimentConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"invalid experiment config {str(path)!r}:\n{err}") from None
+    build_config(exp.base)  # validate the shared train config early, with its own clear errors
+    return exp
+
+
+def _cell_config(exp: ExperimentConfig, cell: Cell, seed: int, warm_model: Path, out: Path) -> Config:
+    return build_config(
+        exp.base,
+        [
+            f"model.path={warm_model}",
+            "train.warmup.steps=0",
+            f"algo.estimator={cell.estimator}",
+            f"rollout.group_size={cell.group_size}",
+            f"train.seed={seed}",
+            f"train.steps={exp.max_steps}",
+            f"train.max_rollout_tokens={exp.max_rollout_tokens}",
+            f"train.grad_variance_every={exp.grad_variance_every}",
+            f"run.out_dir={out / 'runs'}",
+            f"run.name={cell.name}-s{seed}",
+            "run.resume=false",
+            "run.progress=false",
+        ],
+    )
+
+
+def warm_up_once(exp: ExperimentConfig, out: Path) -> Path:
+    """The shared starting policy: the base config's supervised warm-up, saved as a model folder."""
+    from agent_rl.train import Trainer
+
+    target = out / "warm_model"
+    if (target / "config.json").exists():
+        return target
+    cfg = build_config(exp.base, [f"run.out_dir={out}", "run.name=warmup", "run.progress=false"])
+    trainer = Trainer(cfg)
+    if cfg.train.warmup.steps:
+        trainer.warmup()
+    trainer.model.save_pretrained(target)
+    trainer.tokenizer.save_pretrained(target)
+    return target
+
+
+def summarize_run(rows: list[dict[str, Any]], target: float, spike_factor: float) -> dict[str, float]:
+    steps = [r for r in rows if "losses/loss" in r]
+    success = [r["env/success_rate"] for r in steps]
+    tokens = [r["tokens/cumulative"] for r in steps]
+    tokens_to_target = float("nan")
+    for i in range(len(success)):
+        window = success[max(0, i - 2) : i + 1]
+        if sum(window) / len(window) >= target:
+            tokens_to_target = float(tokens[i])
+            break
+    norms = [r["grad/norm"] for r in steps if "grad/norm" in r]
+    median = statistics.median(norms) if norms else 0.0
+    variances = [r["grad/exact_pg_variance"] for r in steps if "grad/exact_pg_variance" in r]
+    spearman = [
+        r["grad/proxy_spearman"]
+        for r in steps
+        if r.get("grad/proxy_spearman") == r.get("grad/proxy_spearman")
+    ]
+    tail = success[-3:] or [float("nan")]
+    return {
+        "tokens_to_target": tokens_to_target,
+        "final_success": sum(tail) / len(tail),
+        "tokens_used": float(tokens[-1]) if tokens else 0.0,
+        "steps": float(len(steps)),
+        "grad_variance": statistics.fmean(variances) if variances else float("nan"),
+        "proxy_spearman": statistics.fmean(spearman) if spearman else float("nan"),
+        "grad_spikes": float(sum(n > spike_factor * median for n in norms)) if median > 0 else 0.0,
+    }
+
+
+def _mean_std(values: list[float]) -> str:
+    finite = [v for v in values if v == v]
+    if not finite:
+        return "n/a"
+    missing = f" ({len(values) - len(finite)} n/a)" if len(finite) < len(values) else ""
+    if len(finite) == 1:
+        return f"{finite[0]:.4g}{missing}"
+    return f"{statistics.fmean(finite):.4g} ± {statistics.stdev(finite):.2g}{missing}"
+
+
+COLUMNS = (
+    "tokens_to_target",
+    "final_success",
+    "tokens_used",
+    "grad_variance",
+    "proxy_spearman",
+    "grad_spikes",
+)
+
+
+def write_report(exp: ExperimentConfig, out: Path, results: dict[str, list[dict[str, float]]]) -> Path:
+    lines = [
+        f"# {exp.name}",
+        "",
+        f"Budget {exp.max_rollout_tokens} rollout tokens per run; target success {exp.target_success}; "
+        f"seeds {exp.seeds}. Mean ± std over seeds.",
+        "",
+        "| cell | " + " | ".join(COLUMNS) + " |",
+        "|---" * (len(COLUMNS) + 1) + "|",
+    ]
+    for cell, runs in results.items():
+        lines.append(f"| {cell} | " + " | ".join(_mean_std([r[c] for r in runs]) for c in COLUMNS) + " |")
+    report = out / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    _plot(exp, out)
+    return report
+
+
+def _plot(exp: ExperimentConfig, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), dpi=110)
+    for cell in exp.cells:
+        for i, seed in enumerate(exp.seeds):
+            rows = [r for r in read_metrics(out / "runs" / f"{cell.name}-s{seed}") if "losses/loss" in r]
+            if not rows:
+                continue
+            label = cell.name if i == 0 else None
+            color = f"C{exp.cells.index(cell)}"
+            x = [r["tokens/cumulative"] for r in rows]
+            axes[0].plot(x, [r["env/success_rate"] for r in rows], color=color, alpha=0.7, label=label)
+            axes[1].plot(
+                x, [r.get("grad/norm", float("nan")) for r in rows], color=color, alpha=0.7, label=label
+            )
+    axes[0].set_ylabel("success rate")
+    axes[1].set_ylabel("gradient norm (pre-clip)")
+    for ax in axes:
+        ax.set_xlabel("cumulative rollout tokens")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "success_and_grad_norm_vs_tokens.png")
+    plt.close(fig)
+
+
+def run_experiment(exp: ExperimentConfig) -> Path:
+    from agent_rl.train import Trainer
+
+    out = Path(exp.out_dir) / exp.name
+    out.mkdir(parents=True, exist_ok=True)
+    warm = warm_up_once(exp, out)
+    results: dict[str, list[dict[str, float]]] = {}
+    for cell in exp.cells:
+        for seed in exp.seeds:
+            cfg = _cell_config(exp, cell, seed, warm, out)
+            Trainer(cfg).fit()
+            summary = summarize_run(read_metrics(cfg.run_dir), exp.target_success, exp.spike_factor)
+            results.setdefault(cell.name, []).append(summary)
+            print(
+                f"{cell.name} seed {seed}: " + ", ".join(f"{k}={v:.4g}" for k, v in summary.items()),
+                flush=True,
+            )
+    return write_report(exp, out, results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="agent-rl experiment", description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="experiment YAML, e.g. configs/otb_vs_grpo.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    try:
+        exp = load_experiment(args.config, args.overrides)
+    except (ConfigError, FileNotFoundError) as err:
+        parser.error(str(err))
+    report = run_experiment(exp)
+    print(report.read_text())
+    print(f"report: {report}")
+    return 0
