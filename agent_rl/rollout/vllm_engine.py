@@ -33,6 +33,14 @@ from typing import Any
 from agent_rl.rollout.engine import Completion, SamplingParams, per_prompt_params
 
 DEFAULT_INDUCTOR_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "inductor"
+CPU_KV_CACHE_BYTES = 256 * 2**20
+"""Default KV budget on CPU: ~10k tokens of a 0.5B Qwen2, far more for the tiny model."""
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _prepare_environment(in_process: bool) -> None:
@@ -62,8 +70,12 @@ class VLLMEngine:
     ) -> None:
         """Build the engine (about 2 s warm on CPU for the tiny model, plus vLLM's import).
 
-        kv_cache_memory_bytes: fixed KV budget (CPU needs one; e.g. 64 MiB for the tiny model).
-        gpu_memory_utilization: fraction of GPU memory for weights + KV when on GPU.
+        kv_cache_memory_bytes: fixed KV budget. Without a GPU it defaults to CPU_KV_CACHE_BYTES:
+            vLLM's CPU default reserves a fraction of all RAM and refuses to start on a busy machine.
+        gpu_memory_utilization: fraction of GPU memory for weights + KV; keep it low (e.g. 0.3)
+            when the trainer shares the GPU in the same process.
+        enforce_eager: True skips CUDA-graph capture (fast start, needed on CPU); on GPU, False
+            decodes faster.
         """
         _prepare_environment(in_process)
         try:
@@ -83,6 +95,8 @@ class VLLMEngine:
             seed=seed,
             logprobs_mode="processed_logprobs",
         )
+        if kv_cache_memory_bytes is None and gpu_memory_utilization is None and not _has_cuda():
+            kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
         if kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         if gpu_memory_utilization is not None:
