@@ -1,7 +1,7 @@
 """Python execution service: persistent sessions, hard limits, real isolation.
 
-``LocalSandbox`` runs in-process; ``Client``/``AsyncClient`` talk to ``python -m sandbox serve``.
-All three share one shape: ``with sb.session() as s: s.run("x = 41"); s.run("print(x + 1)")``.
+``LocalSandbox`` runs in-process; ``Client``/``AsyncClient`` talk to ``python -m sandbox serve``;
+``DockerSandbox`` runs one container per session. All share one shape: ``with sb.session() as s: s.run("x = 41"); s.run("print(x + 1)")``.
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ from sandbox.result import ExecError, ExecResult, SandboxUnavailable
 
 if TYPE_CHECKING:
     from sandbox.client import AsyncClient, Client
+    from sandbox.docker_backend import DockerSandbox
 
 __all__ = [
     "DEFAULT_LIMITS",
     "MAX_LIMITS",
     "AsyncClient",
     "Client",
+    "DockerSandbox",
     "ExecError",
     "ExecResult",
     "LimitError",
@@ -36,4 +38,8 @@ def __getattr__(name: str) -> Any:
         from sandbox import client
 
         return getattr(client, name)
+    if name == "DockerSandbox":  # needs the docker SDK (the docker extra)
+        from sandbox.docker_backend import DockerSandbox
+
+        return DockerSandbox
     raise AttributeError(f"module 'sandbox' has no attribute {name!r}")

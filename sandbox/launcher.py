@@ -76,9 +76,9 @@ class UidAllocator:
     root-only directory, which the kernel releases if this process dies.
     """
 
-    LOCK_DIR = Path(tempfile.gettempdir()) / "agent-rl-sandbox-uids"
-
     def __init__(self, base: int, count: int) -> None:
+        # Resolved here, not at import: importing `sandbox` must work on a read-only root.
+        self.LOCK_DIR = Path(tempfile.gettempdir()) / "agent-rl-sandbox-uids"
         self.base, self.count = base, count
         self._held: dict[int, int] = {}
         self._lock = threading.Lock()
@@ -123,9 +123,11 @@ class Launcher:
         uid = self.uids.take() if self.uids else None
         try:
             return WorkerProcess(self, limits, uid)
-        except BaseException:
+        except BaseException as err:
             if uid is not None and self.uids:
                 self.uids.give(uid)
+            if isinstance(err, OSError):  # e.g. EPERM/ENOMEM starting bwrap: infrastructure, not the user's code
+                raise SandboxUnavailable(f"cannot start a sandbox worker: {err}") from err
             raise
 
     def worker_config(self, limits: Limits, workdir: str) -> dict[str, object]:

@@ -183,3 +183,18 @@ async def test_async_session_run(sb: LocalSandbox) -> None:
         assert r.timed_out and r.session_restarted
     r = await sb.run_async("print('once')")
     assert r.stdout == "once\n"
+
+
+def test_worker_start_failure_is_an_infrastructure_error(monkeypatch) -> None:
+    """An OSError starting a worker (EPERM, ENOMEM) surfaces as SandboxUnavailable, never a bare error."""
+    from sandbox import SandboxUnavailable, launcher
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(launcher, "WorkerProcess", refuse)
+    from sandbox.limits import DEFAULT_LIMITS
+
+    lch = launcher.Launcher(launcher.LaunchConfig(isolation="rlimits"))
+    with pytest.raises(SandboxUnavailable, match="cannot start a sandbox worker"):
+        lch.spawn(DEFAULT_LIMITS)
