@@ -105,6 +105,8 @@ class WarmupConfig(Section):
     """Supervised steps on scripted tool-use demonstrations before RL (0 = none)."""
     batch_size: int = Field(16, ge=1)
     lr: float = Field(3e-3, gt=0)
+    demos: int = Field(1024, ge=1)
+    """Distinct demonstrations played through the env (too few and a small model memorises them)."""
 
 
 class TrainConfig(Section):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -118,9 +119,7 @@ def summarize_run(rows: list[dict[str, Any]], target: float, spike_factor: float
     median = statistics.median(norms) if norms else 0.0
     variances = [r["grad/exact_pg_variance"] for r in steps if "grad/exact_pg_variance" in r]
     spearman = [
-        r["grad/proxy_spearman"]
-        for r in steps
-        if r.get("grad/proxy_spearman") == r.get("grad/proxy_spearman")
+        r["grad/proxy_spearman"] for r in steps if math.isfinite(r.get("grad/proxy_spearman", math.nan))
     ]
     tail = success[-3:] or [float("nan")]
     return {

@@ -200,7 +200,7 @@ class Trainer:
             first = DEMO_TASK_OFFSET
             examples = [
                 tokenize_conversation(self.tokenizer, demonstration(env, first + i).messages)
-                for i in range(max(64, 4 * w.batch_size))
+                for i in range(w.demos)
             ]
         finally:
             env.close()

@@ -304,7 +304,7 @@ def test_scale_sandbox_replicas(stack):
 def test_trainer_service_runs_the_quickstart_to_completion(stack):
     stack.compose("build", "trainer", timeout=3000)  # `run` alone would reuse a stale image
     done = stack.compose(
-        "run", "--rm", "-e", "AGENT_RL_TRAIN_ARGS=--set train.steps=2 --set env.eval_tasks=4", "trainer",
+        "run", "--rm", "-e", "AGENT_RL_TRAIN_ARGS=--set train.steps=2 --set env.eval_tasks=4 --set train.warmup.steps=5 --set train.warmup.demos=16", "trainer",
         timeout=3000, check=False,
     )  # fmt: skip
     assert done.returncode == 0, f"trainer failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
