@@ -84,7 +84,12 @@ def write_plots(run_dir: Path) -> list[Path]:
         if not pts:
             continue
         fig, ax = plt.subplots(figsize=(5, 3.2), dpi=110)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label="training batch")
+        if key == "env/success_rate":  # greedy held-out evaluations, before and after RL
+            evals = [(r["step"], r["eval/success_rate"]) for r in rows if "eval/success_rate" in r]
+            if evals:
+                ax.plot(*zip(*evals), "s--", color="C3", label="held-out eval (greedy)")
+                ax.legend(fontsize=7)
         ax.set_xlabel("RL step")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
