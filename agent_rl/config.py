@@ -79,6 +79,8 @@ class RolloutConfig(Section):
     max_tool_tokens: int = Field(64, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    vllm_gpu_memory_utilization: float = Field(0.4, gt=0, lt=1)
+    """engine=vllm on a GPU: the share of GPU memory vLLM may take beside the trainer (ignored on CPU)."""
 
 
 class AlgoConfig(Section):

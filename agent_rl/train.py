@@ -90,11 +90,13 @@ def make_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, model_path:
         )
     from agent_rl.rollout.vllm_engine import VLLMEngine
 
+    on_gpu = cfg.model.device.startswith("cuda")
     return VLLMEngine(
         str(model_path),
         max_model_len=cfg.rollout.max_total_tokens + cfg.rollout.max_new_tokens,
         seed=cfg.train.seed,
         dtype=cfg.model.dtype,
+        gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization if on_gpu else None,
     )
 
 

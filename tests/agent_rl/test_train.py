@@ -116,3 +116,28 @@ def test_eval_command_scores_the_latest_checkpoint(tiny_model_dir: Path, tmp_pat
     out = json.loads(capsys.readouterr().out)
     assert out["checkpoint"].endswith("step_000001") and out["tasks"] == 3
     assert 0.0 <= out["eval/success_rate"] <= 1.0 and out["eval/infra_errors"] == 0
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_training_with_the_vllm_engine_syncs_weights_in_place(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The same loop with vLLM sampling: the weights change every step (entropy bonus), and the
+    learner's scoring pass still agrees with vLLM's log-probs, so each update reached the engine."""
+    if os.environ.get("CI") != "true":
+        pytest.importorskip("vllm")
+    sets = [
+        *SMALL,
+        f"model.path={tiny_model_dir}",
+        f"run.out_dir={tmp_path}",
+        "run.name=v",
+        "train.steps=3",
+        "rollout.engine=vllm",
+        "train.lr=3e-3",
+        "algo.entropy_coef=0.05",
+    ]
+    Trainer(build_config({}, sets)).fit()
+    rows = [r for r in read_metrics(tmp_path / "v") if "losses/loss" in r]
+    assert len(rows) == 3
+    assert all(r["grad/norm"] > 0 for r in rows)  # the entropy bonus moves the weights every step
+    for r in rows:
+        assert r["policy/sampler_trainer_logp_diff"] < 1e-3, r["policy/sampler_trainer_logp_diff"]
