@@ -99,6 +99,7 @@ class UidAllocator:
                     os.close(fd)
                     continue
                 self._held[uid] = fd
+                _kill_orphans(uid)
                 return uid
         raise SandboxUnavailable("no free sandbox uid: too many live workers")
 
@@ -107,6 +108,21 @@ class UidAllocator:
             fd = self._held.pop(uid, None)
         if fd is not None:
             os.close(fd)  # releases the flock
+
+
+def _kill_orphans(uid: int) -> None:
+    """Kill whatever still runs as `uid` when we have just taken its lock.
+
+    Nobody holds the lock, so any such process was left by an owner that died (e.g. `kill -9` of
+    the server): bubblewrap's pid-1 init can outlive its parent. Taking the uid cleans it up.
+    """
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
 
 
 class Launcher:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 
 import pytest
 
@@ -198,3 +199,25 @@ def test_worker_start_failure_is_an_infrastructure_error(monkeypatch) -> None:
     lch = launcher.Launcher(launcher.LaunchConfig(isolation="rlimits"))
     with pytest.raises(SandboxUnavailable, match="cannot start a sandbox worker"):
         lch.spawn(DEFAULT_LIMITS)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="per-worker uids are only used when the server runs as root")
+def test_taking_a_uid_kills_what_a_dead_owner_left_running(tmp_path) -> None:
+    """A process still running as a free sandbox uid (its owner was kill -9'd) is killed on reuse."""
+    import subprocess
+    import time
+
+    from sandbox.launcher import UidAllocator
+
+    alloc = UidAllocator(base=299_990, count=1)
+    orphan = subprocess.Popen(["sleep", "60"], user=299_990)
+    try:
+        uid = alloc.take()
+        assert uid == 299_990
+        deadline = time.monotonic() + 5
+        while orphan.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert orphan.returncode == -9
+    finally:
+        orphan.kill()
+        alloc.give(299_990)
