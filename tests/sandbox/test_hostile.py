@@ -25,6 +25,10 @@ SECRET = "hostile-suite-secret-value"
 @pytest.fixture(scope="module")
 def box() -> LocalSandbox:
     need_bwrap()
+    # Other tests in the same run may leave long-lived helpers (a Ray cluster, the shared verifier,
+    # another LocalSandbox): only what appears during this suite counts as leftover.
+    before_children = set(children())
+    before_dirs = set(Path("/tmp").glob("agent-rl-sandbox-w*"))
     os.environ["AGENT_RL_TEST_SECRET"] = SECRET  # must never reach executed code
     b = LocalSandbox(pool_size=2, isolation="bwrap")
     yield b
@@ -32,8 +36,8 @@ def box() -> LocalSandbox:
     os.environ.pop("AGENT_RL_TEST_SECRET", None)
     time.sleep(0.2)
     assert settled_zombies() == []
-    assert children() == []
-    assert not list(Path("/tmp").glob("agent-rl-sandbox-w*"))
+    assert set(children()) - before_children == set()
+    assert set(Path("/tmp").glob("agent-rl-sandbox-w*")) - before_dirs == set()
     cg = Path("/sys/fs/cgroup/memory/agent-rl-sandbox")
     if cg.exists():
         mine = [d for d in cg.iterdir() if d.is_dir() and d.name.startswith(f"w{os.getpid()}-")]
