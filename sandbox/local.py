@@ -186,6 +186,17 @@ class LocalSandbox:
             self._sessions.pop(session_id, None)
 
     # -- one-shot ---------------------------------------------------------------------------
+    def _one_shot_limits(
+        self, code: object, timeout_s: float | None, overrides: dict[str, Any]
+    ) -> tuple[Limits, Limits]:
+        """Validate a one-shot request; return (session limits, this execution's limits)."""
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        per_exec = {k: v for k, v in overrides.items() if k in PER_EXECUTION}
+        per_session = {k: v for k, v in overrides.items() if k not in PER_EXECUTION}
+        limits = self.limits.updated(per_session, self.max_limits)
+        return limits, exec_limits(limits, self.max_limits, timeout_s, per_exec)
+
     def run(
         self,
         code: str,
@@ -197,12 +208,7 @@ class LocalSandbox:
         **limit_overrides: Any,
     ) -> ExecResult:
         """Run ``code`` in a fresh worker that is discarded afterwards."""
-        if not isinstance(code, str):
-            raise TypeError(f"code must be a str, got {type(code).__name__}")
-        per_exec = {k: v for k, v in limit_overrides.items() if k in PER_EXECUTION}
-        per_session = {k: v for k, v in limit_overrides.items() if k not in PER_EXECUTION}
-        limits = self.limits.updated(per_session, self.max_limits)
-        lim = exec_limits(limits, self.max_limits, timeout_s, per_exec)
+        limits, lim = self._one_shot_limits(code, timeout_s, limit_overrides)
         core = SessionCore(lambda: self.pool.acquire(limits), self.pool.release, limits)
         try:
             result = core.run(code, lim, want_value=want_value, stdin=stdin, files=files)
@@ -222,12 +228,7 @@ class LocalSandbox:
         **limit_overrides: Any,
     ) -> ExecResult:
         """One-shot for asyncio callers; a warm worker is used without any thread hop."""
-        if not isinstance(code, str):
-            raise TypeError(f"code must be a str, got {type(code).__name__}")
-        per_exec = {k: v for k, v in limit_overrides.items() if k in PER_EXECUTION}
-        per_session = {k: v for k, v in limit_overrides.items() if k not in PER_EXECUTION}
-        limits = self.limits.updated(per_session, self.max_limits)
-        lim = exec_limits(limits, self.max_limits, timeout_s, per_exec)
+        limits, lim = self._one_shot_limits(code, timeout_s, limit_overrides)
         worker = None if files else self.pool.try_acquire(limits)
         if worker is None:
             import anyio
