@@ -182,3 +182,11 @@ def test_health_readiness_metrics_docs(api: TestClient) -> None:
     assert 'sandbox_executions_total{endpoint="execute",outcome="ok"}' in text
     assert "sandbox_execution_seconds_bucket" in text
     assert "/v1/sessions/{session_id}/execute" in api.get("/openapi.json").text
+
+
+def test_oversized_body_is_refused_before_it_is_read(box: LocalSandbox) -> None:
+    with make_client(box, max_code_bytes=1000) as api:
+        big = b'{"code": "' + b"x" * (5 << 20) + b'"}'  # over the ~4 MiB body cap of this setting
+        r = api.post("/v1/execute", content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and "request body too large" in r.json()["detail"]
+        assert api.get("/healthz").status_code == 200
