@@ -208,13 +208,14 @@ def run_experiment(exp: ExperimentConfig) -> Path:
     out = Path(exp.out_dir) / exp.name
     out.mkdir(parents=True, exist_ok=True)
     warm = warm_up_once(exp, out)
-    results: dict[str, list[dict[str, float]]] = {}
-    for cell in exp.cells:
-        for seed in exp.seeds:
+    results: dict[str, list[dict[str, float]]] = {cell.name: [] for cell in exp.cells}
+    for seed in exp.seeds:  # seeds outermost: an interrupted grid still covers every cell
+        for cell in exp.cells:
             cfg = _cell_config(exp, cell, seed, warm, out)
             Trainer(cfg).fit()
             summary = summarize_run(read_metrics(cfg.run_dir), exp.target_success, exp.spike_factor)
-            results.setdefault(cell.name, []).append(summary)
+            results[cell.name].append(summary)
+            write_report(exp, out, results)  # a partial report after every run
             print(
                 f"{cell.name} seed {seed}: " + ", ".join(f"{k}={v:.4g}" for k, v in summary.items()),
                 flush=True,
