@@ -29,6 +29,8 @@ def box() -> LocalSandbox:
     # another LocalSandbox): only what appears during this suite counts as leftover.
     before_children = set(children())
     before_dirs = set(Path("/tmp").glob("agent-rl-sandbox-w*"))
+    cg = Path("/sys/fs/cgroup/memory/agent-rl-sandbox")
+    before_cgroups = set(cg.glob(f"w{os.getpid()}-*"))
     os.environ["AGENT_RL_TEST_SECRET"] = SECRET  # must never reach executed code
     b = LocalSandbox(pool_size=2, isolation="bwrap")
     yield b
@@ -38,10 +40,7 @@ def box() -> LocalSandbox:
     assert settled_zombies() == []
     assert set(children()) - before_children == set()
     assert set(Path("/tmp").glob("agent-rl-sandbox-w*")) - before_dirs == set()
-    cg = Path("/sys/fs/cgroup/memory/agent-rl-sandbox")
-    if cg.exists():
-        mine = [d for d in cg.iterdir() if d.is_dir() and d.name.startswith(f"w{os.getpid()}-")]
-        assert mine == []
+    assert set(cg.glob(f"w{os.getpid()}-*")) - before_cgroups == set()
 
 
 def attack(box: LocalSandbox, code: str, **kw: object) -> ExecResult:
