@@ -70,6 +70,23 @@ class CgroupManager:
             return
         with contextlib.suppress(OSError):
             self._detect()
+        self.sweep_dead_owners()
+
+    def sweep_dead_owners(self) -> int:
+        """Remove worker cgroups (``w<pid>-<n>``) whose owning process is gone; returns how many.
+
+        An owner killed by a signal cannot clean up after itself; without this sweep every
+        ``kill -9`` of a server would leave its pool's cgroups behind for good.
+        """
+        removed = 0
+        for parent in self.parents.values():
+            for d in parent.glob("w*-*"):
+                pid = d.name[1:].split("-", 1)[0]
+                if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                    with contextlib.suppress(OSError):  # still has tasks: leave it
+                        d.rmdir()
+                        removed += 1
+        return removed
 
     @property
     def available(self) -> bool:

@@ -221,3 +221,26 @@ def test_taking_a_uid_kills_what_a_dead_owner_left_running(tmp_path) -> None:
     finally:
         orphan.kill()
         alloc.give(299_990)
+
+
+def test_cgroups_of_dead_owners_are_swept() -> None:
+    from sandbox.cgroups import CgroupManager
+
+    mgr = CgroupManager()
+    if not mgr.available:
+        pytest.skip("no writable cgroup controllers (not root)")
+    dead_pid = 4_000_000  # above pid_max: never a live process
+    made = [parent / f"w{dead_pid}-1" for parent in mgr.parents.values()]
+    for d in made:
+        d.mkdir()
+    mine = [parent / f"w{os.getpid()}-999999" for parent in mgr.parents.values()]
+    for d in mine:
+        d.mkdir()
+    try:
+        assert CgroupManager().sweep_dead_owners() == 0  # the constructor already swept them
+        assert not any(d.exists() for d in made)
+        assert all(d.exists() for d in mine)  # a live owner's cgroups stay
+    finally:
+        for d in mine + made:
+            if d.exists():
+                d.rmdir()
