@@ -14,7 +14,13 @@ from typing import Any
 
 import torch
 
-from agent_rl.advantages import AdvantageInputs, advantage_metrics, compute_advantages, required_inputs
+from agent_rl.advantages import (
+    AdvantageInputs,
+    advantage_metrics,
+    compute_advantages,
+    logit_gradient_proxy,
+    required_inputs,
+)
 from agent_rl.config import AlgoConfig, TrainConfig
 from agent_rl.logprobs import TokenStats, causal_lm_token_stats
 from agent_rl.loss import PPOLossConfig, ppo_loss
@@ -151,6 +157,7 @@ class Learner:
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
         n = len(batch["input_ids"])
+        max_norm = 0.0
         self.model.train()
         for _ in range(self.algo.ppo_epochs):
             order = torch.randperm(n, generator=self.generator)
@@ -176,14 +183,14 @@ class Learner:
                     for k, v in out.metrics.items():
                         sums[k] += float(v)
                         counts[k] += 1
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-                sums["grad/norm"] += float(grad_norm)
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
+                sums["grad/norm"] += grad_norm  # before clipping
                 counts["grad/norm"] += 1
-                sums["grad/max_norm"] = max(sums["grad/max_norm"], float(grad_norm))
-                counts["grad/max_norm"] = 1
+                max_norm = max(max_norm, grad_norm)
                 self.optimizer.step()
                 self.scheduler.step()
         metrics = {k: sums[k] / counts[k] for k in sums}
+        metrics["grad/max_norm"] = max_norm
         metrics["perf/lr"] = self.scheduler.get_last_lr()[0]
         return metrics
 
@@ -198,14 +205,12 @@ class Learner:
         scored["advantages"] = self.advantages(scored)
         policy = scored["response_mask"].bool() & scored["valid"][:, None]
         metrics = advantage_metrics(scored["advantages"], policy)
-        metrics["policy/entropy"] = float(scored["entropy"][policy].mean()) if policy.any() else 0.0
-        w = 1 - 2 * scored["old_log_probs"].exp() + scored["sum_pi_squared"]  # (B, R) logit-gradient proxy
-        metrics["policy/proxy_w_mean"] = float(w[policy].mean()) if policy.any() else 0.0
-        metrics["policy/sampler_trainer_logp_diff"] = (
-            float((scored["sampler_log_probs"] - scored["old_log_probs"])[policy].abs().max())
-            if policy.any()
-            else 0.0
-        )
+        if policy.any():
+            w = logit_gradient_proxy(scored["old_log_probs"], scored["sum_pi_squared"], policy)  # (B, R)
+            drift = (scored["sampler_log_probs"] - scored["old_log_probs"]).abs()  # (B, R)
+            metrics["policy/entropy"] = float(scored["entropy"][policy].mean())
+            metrics["policy/proxy_w_mean"] = float(w[policy].mean())
+            metrics["policy/sampler_trainer_logp_diff"] = float(drift[policy].max())
         if diagnose:
             metrics.update(self.gradient_diagnostics(scored))
         metrics.update(self.update(scored))
