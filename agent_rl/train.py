@@ -237,9 +237,9 @@ class Trainer:
 
         cfg = self.cfg
         t0 = time.perf_counter()
-        task_ids = list(range(self.task_cursor, self.task_cursor + cfg.rollout.prompts_per_step))
+        tasks = _tasks(self.task_cursor, cfg.rollout.prompts_per_step)  # training tasks: indices below eval's
         trajs = self.collector.collect(
-            task_ids, group_size=cfg.rollout.group_size, seed=cfg.train.seed * 1_000_003 + self.step
+            tasks, cfg.rollout.group_size, seed=cfg.train.seed * 1_000_003 + self.step
         )
         self.task_cursor += cfg.rollout.prompts_per_step
         t1 = time.perf_counter()

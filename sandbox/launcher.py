@@ -142,7 +142,9 @@ class Launcher:
         except BaseException as err:
             if uid is not None and self.uids:
                 self.uids.give(uid)
-            if isinstance(err, OSError):  # e.g. EPERM/ENOMEM starting bwrap: infrastructure, not the user's code
+            if isinstance(
+                err, OSError
+            ):  # e.g. EPERM/ENOMEM starting bwrap: infrastructure, not the user's code
                 raise SandboxUnavailable(f"cannot start a sandbox worker: {err}") from err
             raise
 
