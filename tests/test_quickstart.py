@@ -34,7 +34,7 @@ def test_quickstart_config_learns(tmp_path: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     before = summary["eval_before"]["eval/success_rate"]
     after = summary["eval_after"]["eval/success_rate"]
-    # Measured on the CI machine type: 0.44 -> 0.92. The margin allows other CPUs' float noise.
+    # Measured on the CI machine type: 0.44 -> 0.88. The margin allows other CPUs' float noise.
     assert after >= before + 0.2, (before, after)
     assert after >= 0.6, after
     for plot in ("success.png", "tokens.png", "grad_norm.png"):
