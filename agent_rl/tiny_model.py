@@ -163,6 +163,15 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec())
     return out
 
 
+def ensure_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+    """`build_tiny_model` unless `out_dir` already holds a build of exactly this spec."""
+    out = Path(out_dir)
+    marker = out / "tiny_model_spec.json"
+    if not marker.exists() or json.loads(marker.read_text()) != asdict(spec):
+        build_tiny_model(out, spec)
+    return out
+
+
 def load_model_and_tokenizer(path: str | Path, dtype: str = "float32", device: str = "cpu"):
     """Load any causal LM directory (tiny or from a hub snapshot) the same way."""
     import torch

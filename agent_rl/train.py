@@ -27,7 +27,7 @@ from agent_rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpo
 from agent_rl.config import Config, ConfigError, SandboxConfig, dump_config, load_config
 from agent_rl.learner import Learner
 from agent_rl.metrics import MetricsLogger, write_plots
-from agent_rl.tiny_model import TinyModelSpec, build_tiny_model, load_model_and_tokenizer
+from agent_rl.tiny_model import TinyModelSpec, ensure_tiny_model, load_model_and_tokenizer
 
 EVAL_TASK_OFFSET = 500_000
 """Held-out tasks start at this task index; training tasks come from below it."""
@@ -49,17 +49,8 @@ def resolve_model_path(cfg: Config) -> Path:
         num_heads=cfg.model.tiny_heads,
         intermediate_size=2 * cfg.model.tiny_hidden_size,
     )
-    out = (
-        cache_dir()
-        / "models"
-        / f"tiny-h{spec.hidden_size}-l{spec.num_layers}-a{spec.num_heads}-v{spec.tokenizer_version}"
-    )
-    marker = out / "tiny_model_spec.json"
-    from dataclasses import asdict
-
-    if not marker.exists() or json.loads(marker.read_text()) != asdict(spec):
-        build_tiny_model(out, spec)
-    return out
+    name = f"tiny-h{spec.hidden_size}-l{spec.num_layers}-a{spec.num_heads}-v{spec.tokenizer_version}"
+    return ensure_tiny_model(cache_dir() / "models" / name, spec)
 
 
 def make_sandbox(cfg: SandboxConfig) -> Any:

@@ -20,13 +20,6 @@ CACHE = Path(
 def tiny_model_dir() -> Path:
     """Directory of the default tiny Qwen2 model + tokenizer (built on first use, then reused)."""
     pytest.importorskip("torch", reason="the train extra is not installed")
-    from agent_rl.tiny_model import TinyModelSpec, build_tiny_model
+    from agent_rl.tiny_model import ensure_tiny_model
 
-    out = CACHE / "tiny-model"
-    marker = out / "tiny_model_spec.json"
-    import json
-    from dataclasses import asdict
-
-    if not marker.exists() or json.loads(marker.read_text()) != asdict(TinyModelSpec()):
-        build_tiny_model(out)
-    return out
+    return ensure_tiny_model(CACHE / "tiny-model")

@@ -27,8 +27,8 @@ def sb() -> Iterator[LocalSandbox]:
     box.close()
 
 
-def zombies() -> list[str]:
-    """Zombie processes whose parent is this test process (ours to reap)."""
+def _my_children() -> list[tuple[str, str]]:
+    """(pid, state letter) of every process whose parent is this test process."""
     me = str(os.getpid())
     found = []
     for pid in os.listdir("/proc"):
@@ -40,25 +40,18 @@ def zombies() -> list[str]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] == "Z" and fields[1] == me:
-            found.append(pid)
+        if fields[1] == me:
+            found.append((pid, fields[0]))
     return found
 
 
+def zombies() -> list[str]:
+    """Zombie processes whose parent is this test process (ours to reap)."""
+    return [pid for pid, state in _my_children() if state == "Z"]
+
+
 def children() -> list[int]:
-    me = str(os.getpid())
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if stat[stat.rindex(")") + 2 :].split()[1] == me:
-            out.append(int(pid))
-    return out
+    return [int(pid) for pid, _ in _my_children()]
 
 
 def settled_zombies(timeout_s: float = 5.0) -> list[str]:
