@@ -40,6 +40,15 @@ start_engine() {
     return
   fi
   if ! pgrep -x dockerd >/dev/null 2>&1; then
+    # A machine restored from a snapshot (or a killed session) keeps the old engine's pid files;
+    # dockerd refuses to start while they exist, even though their process is gone.
+    local pidfile
+    for pidfile in /var/run/docker.pid /var/run/docker/containerd/containerd.pid; do
+      if [[ -f "$pidfile" ]]; then
+        log "removing stale $pidfile (no dockerd is running)"
+        rm -f "$pidfile"
+      fi
+    done
     log "starting dockerd (log: $DOCKERD_LOG)"
     # setsid: the engine must outlive this script and the CI step that ran it.
     setsid nohup dockerd >"$DOCKERD_LOG" 2>&1 </dev/null &
