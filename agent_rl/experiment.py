@@ -89,6 +89,15 @@ def _cell_config(exp: ExperimentConfig, cell: Cell, seed: int, warm_model: Path,
     )
 
 
+def _finished(cfg: Config) -> bool:
+    """A run is reused when it wrote its summary under exactly this config, so that a grid
+    stopped halfway (or extended with seeds or cells) only runs what is missing."""
+    summary, saved = cfg.run_dir / "summary.json", cfg.run_dir / "config.yaml"
+    if not (summary.exists() and saved.exists()):
+        return False
+    return yaml.safe_load(saved.read_text()) == cfg.model_dump(mode="json")
+
+
 def warm_up_once(exp: ExperimentConfig, out: Path) -> Path:
     """The shared starting policy: the base config's supervised warm-up, saved as a model folder."""
     from agent_rl.train import Trainer
@@ -205,14 +214,17 @@ def _plot(exp: ExperimentConfig, out: Path) -> None:
 def run_experiment(exp: ExperimentConfig) -> Path:
     from agent_rl.train import Trainer
 
-    out = Path(exp.out_dir) / exp.name
+    out = Path(exp.out_dir).resolve() / exp.name
     out.mkdir(parents=True, exist_ok=True)
     warm = warm_up_once(exp, out)
     results: dict[str, list[dict[str, float]]] = {cell.name: [] for cell in exp.cells}
     for seed in exp.seeds:  # seeds outermost: an interrupted grid still covers every cell
         for cell in exp.cells:
             cfg = _cell_config(exp, cell, seed, warm, out)
-            Trainer(cfg).fit()
+            if _finished(cfg):
+                print(f"{cell.name} seed {seed}: finished earlier with this config; reusing it", flush=True)
+            else:
+                Trainer(cfg).fit()
             summary = summarize_run(read_metrics(cfg.run_dir), exp.target_success, exp.spike_factor)
             results[cell.name].append(summary)
             write_report(exp, out, results)  # a partial report after every run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -35,7 +36,9 @@ def test_summary_of_a_hand_made_run() -> None:
 
 
 @pytest.mark.slow
-def test_reduced_grid_writes_a_report(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_reduced_grid_writes_a_report(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     exp = load_experiment(
         CONFIG,
         [
@@ -56,9 +59,23 @@ def test_reduced_grid_writes_a_report(tiny_model_dir: Path, tmp_path: Path) -> N
     assert "| tir_otb-N4 |" in text and "| grpo-N4 |" in text
     assert (report.parent / "success_and_grad_norm_vs_tokens.png").stat().st_size > 0
     assert (report.parent / "warm_model" / "config.json").exists()
-    import json
-
     results = json.loads((report.parent / "results.json").read_text())
     for runs in results.values():
         assert runs[0]["steps"] >= 1 and runs[0]["tokens_used"] > 0
         assert math.isfinite(runs[0]["grad_variance"])  # measured with grad_variance_every
+
+    # Run again with one more cell: the finished runs are reused, only the new one trains.
+    import agent_rl.train
+
+    trained: list[str] = []
+    fit = agent_rl.train.Trainer.fit
+
+    def counting_fit(self):  # type: ignore[no-untyped-def]
+        trained.append(self.cfg.run.name)
+        return fit(self)
+
+    monkeypatch.setattr(agent_rl.train.Trainer, "fit", counting_fit)
+    exp.cells = [*exp.cells, exp.cells[0].model_copy(update={"estimator": "rloo"})]
+    again = json.loads((run_experiment(exp).parent / "results.json").read_text())
+    assert trained == ["rloo-N4-s0"]
+    assert again["tir_otb-N4"] == results["tir_otb-N4"] and again["grpo-N4"] == results["grpo-N4"]
