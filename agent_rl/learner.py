@@ -98,14 +98,21 @@ class Learner:
         scored.update({k: torch.cat(v) for k, v in out.items() if v})
         return scored
 
+    def _row_log_probs(self, batch: Batch) -> list[torch.Tensor]:
+        """Differentiable (R,) log-probs per row, one forward each, for per-sample backward passes:
+        each backward then walks one row's graph instead of the whole batch's (O(B), not O(B^2))."""
+        return [
+            self._stats(self.model, _rows(batch, torch.tensor([i])), entropy=False, sum_p2=False).log_probs[0]
+            for i in range(len(batch["input_ids"]))
+        ]
+
     def exact_sequence_grad_sq_norms(self, batch: Batch) -> torch.Tensor:
         """(B,) true ||grad log p(response_i)||^2 by per-sample backward passes (small models only)."""
         from agent_rl.grad_stats import per_sample_grad_sq_norms
 
         params = [p for p in self.model.parameters() if p.requires_grad]
-        log_probs = self._stats(self.model, batch, entropy=False, sum_p2=False).log_probs  # (B, R)
         mask = batch["response_mask"].bool() & batch["valid"][:, None]
-        objectives = torch.where(mask, log_probs, torch.zeros_like(log_probs)).sum(1)  # (B,)
+        objectives = [lp[m].sum() for lp, m in zip(self._row_log_probs(batch), mask)]
         return per_sample_grad_sq_norms(objectives, params)
 
     def gradient_diagnostics(self, scored: Batch) -> dict[str, float]:
@@ -113,12 +120,11 @@ class Learner:
         from agent_rl.grad_stats import exact_gradient_diagnostics
 
         params = [p for p in self.model.parameters() if p.requires_grad]
-        stats = self._stats(self.model, scored, entropy=False, sum_p2=True)
         diag = exact_gradient_diagnostics(
-            stats.log_probs,
+            self._row_log_probs(scored),
             scored["advantages"],
             scored["response_mask"],
-            stats.sum_pi_squared,
+            scored["sum_pi_squared"],  # scored by this same policy just before
             params,
             valid=scored["valid"],
         )
