@@ -139,6 +139,8 @@ def summarize_run(rows: list[dict[str, Any]], target: float, spike_factor: float
         "grad_variance": statistics.fmean(variances) if variances else float("nan"),
         "proxy_spearman": statistics.fmean(spearman) if spearman else float("nan"),
         "grad_spikes": float(sum(n > spike_factor * median for n in norms)) if median > 0 else 0.0,
+        # rollout + update (gradient diagnostics included), i.e. the run's wall time less start-up
+        "minutes": sum(r.get("perf/rollout_s", 0.0) + r.get("perf/update_s", 0.0) for r in steps) / 60,
     }
 
 
@@ -159,6 +161,8 @@ COLUMNS = (
     "grad_variance",
     "proxy_spearman",
     "grad_spikes",
+    "steps",
+    "minutes",
 )
 
 

@@ -25,6 +25,8 @@ def test_summary_of_a_hand_made_run() -> None:
                 "env/success_rate": s,
                 "tokens/cumulative": 100 * i,
                 "grad/norm": g,
+                "perf/rollout_s": 45.0,
+                "perf/update_s": 15.0,
             }
             for i, (s, g) in enumerate([(0.0, 1.0), (0.5, 1.0), (1.0, 9.0), (1.0, 1.0)], start=1)
         ],
@@ -33,6 +35,7 @@ def test_summary_of_a_hand_made_run() -> None:
     assert out["tokens_to_target"] == 300  # moving average of (0, .5, 1) first reaches 0.5 at step 3
     assert out["final_success"] == pytest.approx((0.5 + 1.0 + 1.0) / 3)
     assert out["grad_spikes"] == 1 and out["steps"] == 4 and math.isnan(out["grad_variance"])
+    assert out["minutes"] == pytest.approx(4.0)  # 4 steps of 45 s rollout + 15 s update
 
 
 @pytest.mark.slow
