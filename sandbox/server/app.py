@@ -41,14 +41,16 @@ from sandbox.settings import SandboxSettings
 log = logging.getLogger("sandbox")
 
 
-def get_state(request: Request) -> ServerState:
+async def get_state(request: Request) -> ServerState:
+    # async on purpose, like every dependency here: FastAPI runs a plain ``def`` dependency on a
+    # worker thread, and two thread hops per request cost more than a warm execution itself.
     return request.app.state.sandbox_state
 
 
 StateDep = Annotated[ServerState, Depends(get_state)]
 
 
-def require_token(request: Request) -> None:
+async def require_token(request: Request) -> None:
     token = request.app.state.sandbox_state.settings.auth_token
     if token is None:
         return
