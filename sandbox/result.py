@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -52,7 +53,12 @@ class ExecResult:
         return self.error is None and self.limit is None and not self.timed_out
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        # By hand rather than dataclasses.asdict, whose recursive deep copy was a visible share of
+        # the server's time per warm execution; the result is the same plain JSON-ready dict.
+        d = {name: getattr(self, name) for name in _RESULT_FIELDS}
+        if self.error is not None:
+            d["error"] = dict(vars(self.error))
+        d["extra"] = copy.deepcopy(self.extra) if self.extra else {}
         d["ok"] = self.ok
         return d
 
@@ -76,3 +82,6 @@ class ExecResult:
             exit_code=d.get("exit_code"),
             extra=dict(d.get("extra") or {}),
         )
+
+
+_RESULT_FIELDS = tuple(f.name for f in fields(ExecResult))
