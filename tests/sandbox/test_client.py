@@ -72,3 +72,37 @@ async def test_async_client(url: str) -> None:
         assert r.value == "42"
         results = await asyncio.gather(*(c.run(f"print({i})") for i in range(8)))
         assert [r.stdout for r in results] == [f"{i}\n" for i in range(8)]
+
+
+def test_client_replaces_a_connection_the_server_closed_while_idle() -> None:
+    """Keep-alive expiry on the server side must not fail the next request."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[socket.socket] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive
+
+        def do_GET(self) -> None:
+            seen.append(self.connection)
+            body = b'{"status": "ok"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with Client(f"http://127.0.0.1:{server.server_port}") as c:
+            assert c.healthy() and c.healthy()
+            assert seen[0] is seen[1]  # the connection was kept alive and reused
+            seen[0].shutdown(socket.SHUT_RDWR)  # the server drops it while the client holds it idle
+            time.sleep(0.05)
+            assert c.healthy()
+            assert len(seen) == 3 and seen[2] is not seen[0]
+    finally:
+        server.shutdown()
