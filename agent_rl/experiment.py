@@ -45,7 +45,12 @@ class ExperimentConfig(BaseModel):
     """The shared budget: every run stops after consuming this many rollout tokens."""
     max_steps: int = Field(1000, ge=1)
     target_success: float = Field(0.5, gt=0, le=1)
-    """'Tokens to target' = cumulative tokens when the 3-step moving success first reaches this."""
+    """'Tokens to target' = cumulative tokens when the moving success first reaches this."""
+    success_window: float = Field(0.1, gt=0, le=1)
+    """The moving success averages the steps of the last `success_window` x budget tokens, so that
+    cells with small and large steps (N=4 vs N=32) are smoothed over the same amount of data."""
+    eval_tasks: int = Field(128, ge=0)
+    """Held-out tasks for a greedy evaluation of each run's final policy (and of the start)."""
     grad_variance_every: int = Field(1, ge=0)
     spike_factor: float = Field(3.0, gt=1)
     """A gradient-norm spike is a step whose norm exceeds this multiple of the run's median."""
@@ -98,6 +103,30 @@ def _finished(cfg: Config) -> bool:
     return yaml.safe_load(saved.read_text()) == cfg.model_dump(mode="json")
 
 
+def heldout_success(cfg: Config, tasks: int, *, final: bool = True) -> float:
+    """Greedy success on `tasks` held-out tasks of the run's last checkpoint (or, with final=False,
+    of cfg's model as it loads), cached in the run folder so that reruns of the grid reuse it."""
+    from agent_rl.checkpoint import latest_checkpoint, load_checkpoint
+    from agent_rl.train import Trainer
+
+    cache = cfg.run_dir / ("final_eval.json" if final else "start_eval.json")
+    if cache.exists() and json.loads(cache.read_text())["tasks"] == tasks:
+        return float(json.loads(cache.read_text())["success_rate"])
+    if tasks == 0:
+        return math.nan
+    trainer = Trainer(cfg)
+    if final:
+        ckpt = latest_checkpoint(cfg.run_dir)
+        if ckpt is None:
+            raise FileNotFoundError(f"{cfg.run_dir} has no checkpoint to evaluate")
+        load_checkpoint(ckpt, learner=trainer.learner)
+        trainer.publish_weights()
+    success = trainer.evaluate(tasks)["eval/success_rate"]
+    trainer.sandbox.close()
+    cache.write_text(json.dumps({"tasks": tasks, "success_rate": success}))
+    return success
+
+
 def warm_up_once(exp: ExperimentConfig, out: Path) -> Path:
     """The shared starting policy: the base config's supervised warm-up, saved as a model folder."""
     from agent_rl.train import Trainer
@@ -114,26 +143,27 @@ def warm_up_once(exp: ExperimentConfig, out: Path) -> Path:
     return target
 
 
-def summarize_run(rows: list[dict[str, Any]], target: float, spike_factor: float) -> dict[str, float]:
+def summarize_run(
+    rows: list[dict[str, Any]], target: float, spike_factor: float, window_tokens: float
+) -> dict[str, float]:
     steps = [r for r in rows if "losses/loss" in r]
     success = [r["env/success_rate"] for r in steps]
     tokens = [r["tokens/cumulative"] for r in steps]
-    tokens_to_target = float("nan")
-    for i in range(len(success)):
-        window = success[max(0, i - 2) : i + 1]
-        if sum(window) / len(window) >= target:
-            tokens_to_target = float(tokens[i])
-            break
+
+    def moving(i: int) -> float:  # mean step success over the last `window_tokens` (>= 1 step)
+        window = [s for s, t in zip(success[: i + 1], tokens[: i + 1]) if t > tokens[i] - window_tokens]
+        return statistics.fmean(window or [success[i]])
+
+    tokens_to_target = next((float(tokens[i]) for i in range(len(steps)) if moving(i) >= target), math.nan)
     norms = [r["grad/norm"] for r in steps if "grad/norm" in r]
     median = statistics.median(norms) if norms else 0.0
     variances = [r["grad/exact_pg_variance"] for r in steps if "grad/exact_pg_variance" in r]
     spearman = [
         r["grad/proxy_spearman"] for r in steps if math.isfinite(r.get("grad/proxy_spearman", math.nan))
     ]
-    tail = success[-3:] or [float("nan")]
     return {
         "tokens_to_target": tokens_to_target,
-        "final_success": sum(tail) / len(tail),
+        "final_success": moving(len(steps) - 1) if steps else math.nan,
         "tokens_used": float(tokens[-1]) if tokens else 0.0,
         "steps": float(len(steps)),
         "grad_variance": statistics.fmean(variances) if variances else float("nan"),
@@ -155,6 +185,7 @@ def _mean_std(values: list[float]) -> str:
 
 
 COLUMNS = (
+    "heldout_success",
     "tokens_to_target",
     "final_success",
     "tokens_used",
@@ -166,12 +197,17 @@ COLUMNS = (
 )
 
 
-def write_report(exp: ExperimentConfig, out: Path, results: dict[str, list[dict[str, float]]]) -> Path:
+def write_report(
+    exp: ExperimentConfig, out: Path, results: dict[str, list[dict[str, float]]], start_success: float
+) -> Path:
     lines = [
         f"# {exp.name}",
         "",
         f"Budget {exp.max_rollout_tokens} rollout tokens per run; target success {exp.target_success}; "
-        f"seeds {exp.seeds}. Mean ± std over seeds.",
+        f"seeds {exp.seeds}. Mean ± std over seeds. Training success is averaged over the last "
+        f"{exp.success_window * exp.max_rollout_tokens:.0f} tokens; heldout_success is the final "
+        f"policy's greedy success on {exp.eval_tasks} held-out tasks (the warmed-up start: "
+        f"{start_success:.3f}).",
         "",
         "| cell | " + " | ".join(COLUMNS) + " |",
         "|---" * (len(COLUMNS) + 1) + "|",
@@ -221,6 +257,10 @@ def run_experiment(exp: ExperimentConfig) -> Path:
     out = Path(exp.out_dir).resolve() / exp.name
     out.mkdir(parents=True, exist_ok=True)
     warm = warm_up_once(exp, out)
+    window = exp.success_window * exp.max_rollout_tokens
+    start_cfg = _cell_config(exp, exp.cells[0], exp.seeds[0], warm, out)
+    start_cfg.run.name = "start"
+    start = heldout_success(start_cfg, exp.eval_tasks, final=False)
     results: dict[str, list[dict[str, float]]] = {cell.name: [] for cell in exp.cells}
     for seed in exp.seeds:  # seeds outermost: an interrupted grid still covers every cell
         for cell in exp.cells:
@@ -229,14 +269,15 @@ def run_experiment(exp: ExperimentConfig) -> Path:
                 print(f"{cell.name} seed {seed}: finished earlier with this config; reusing it", flush=True)
             else:
                 Trainer(cfg).fit()
-            summary = summarize_run(read_metrics(cfg.run_dir), exp.target_success, exp.spike_factor)
+            summary = summarize_run(read_metrics(cfg.run_dir), exp.target_success, exp.spike_factor, window)
+            summary["heldout_success"] = heldout_success(cfg, exp.eval_tasks)
             results[cell.name].append(summary)
-            write_report(exp, out, results)  # a partial report after every run
+            write_report(exp, out, results, start)  # a partial report after every run
             print(
                 f"{cell.name} seed {seed}: " + ", ".join(f"{k}={v:.4g}" for k, v in summary.items()),
                 flush=True,
             )
-    return write_report(exp, out, results)
+    return write_report(exp, out, results, start)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,7 @@ def test_summary_of_a_hand_made_run() -> None:
             for i, (s, g) in enumerate([(0.0, 1.0), (0.5, 1.0), (1.0, 9.0), (1.0, 1.0)], start=1)
         ],
     ]
-    out = summarize_run(rows, target=0.5, spike_factor=3.0)
+    out = summarize_run(rows, target=0.5, spike_factor=3.0, window_tokens=250)
     assert out["tokens_to_target"] == 300  # moving average of (0, .5, 1) first reaches 0.5 at step 3
     assert out["final_success"] == pytest.approx((0.5 + 1.0 + 1.0) / 3)
     assert out["grad_spikes"] == 1 and out["steps"] == 4 and math.isnan(out["grad_variance"])
@@ -49,6 +49,7 @@ def test_reduced_grid_writes_a_report(
             "seeds=[0]",
             "max_rollout_tokens=400",
             "max_steps=2",
+            "eval_tasks=4",
             f"base.model.path={tiny_model_dir}",
             "base.train.warmup.steps=2",
             "base.train.warmup.demos=8",
@@ -66,6 +67,9 @@ def test_reduced_grid_writes_a_report(
     for runs in results.values():
         assert runs[0]["steps"] >= 1 and runs[0]["tokens_used"] > 0
         assert math.isfinite(runs[0]["grad_variance"])  # measured with grad_variance_every
+        assert 0.0 <= runs[0]["heldout_success"] <= 1.0  # greedy eval of the final checkpoint
+    assert "the warmed-up start: " in text
+    assert json.loads((report.parent / "runs" / "grpo-N4-s0" / "final_eval.json").read_text())["tasks"] == 4
 
     # Run again with one more cell: the finished runs are reused, only the new one trains.
     import agent_rl.train
