@@ -56,26 +56,150 @@ clean-up of every process a cell starts. What is not covered here: namespaces, c
 timeouts and the network; those belong to the launcher that starts this script.
 """
 
-import ast
-import base64
+# Start-up cost matters: a one-shot execution pays for a whole worker. Only modules that are built
+# in (or tiny) are imported here; json, threading, signal, ast, traceback and linecache would pull in
+# re, enum, collections, functools and tokenize, which cost more CPU than the interpreter itself.
+# Their C cores (_json, _thread, _signal, _ast) do the same work; the rest is imported when needed.
+import _ast
+import _signal
+import _thread
 import io
-import json
-import linecache
 import os
 import resource
 import select
-import signal
 import struct
 import sys
-import threading
 import time
-import traceback
+
+try:
+    import _json
+
+    _encode_str = _json.encode_basestring  # JSON string literal, non-ASCII kept (ensure_ascii=False)
+except (ImportError, AttributeError):  # an interpreter without the C accelerator: use the module
+    _json = None
 
 _HEADER = struct.Struct(">I")
 _MAX_FRAME = 256 * 1024 * 1024
 _TRUNCATION_MARKER = "\n[... output truncated: {dropped} more bytes not shown ...]\n"
 _VALUE_REPR_LIMIT = 10_000
 _THIS_FILE = sys._getframe().f_code.co_filename
+
+
+class _ScanContext:
+    """What ``_json.make_scanner`` reads from a ``json.JSONDecoder``: the defaults of ``json.loads``."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = float  # "NaN", "Infinity", "-Infinity"
+
+
+def _loads(text):
+    """``json.loads`` for one protocol frame, with only the C scanner (no ``re``, no ``json``)."""
+    if _json is None:
+        import json
+
+        return json.loads(text)
+    text = text.strip()
+    try:
+        obj, end = _scan(text, 0)
+    except StopIteration:
+        raise ValueError("a frame is not JSON") from None
+    if end != len(text):
+        raise ValueError("extra data after the JSON object")
+    return obj
+
+
+def _dumps(obj):
+    """``json.dumps(obj, ensure_ascii=False)`` for what replies hold: dict, list, str, numbers, None."""
+    if _json is None:
+        import json
+
+        return json.dumps(obj, ensure_ascii=False)
+    t = type(obj)
+    if t is str:
+        return _encode_str(obj)
+    if obj is None:
+        return "null"
+    if obj is True:
+        return "true"
+    if obj is False:
+        return "false"
+    if t is int:
+        return int.__repr__(obj)
+    if t is float:
+        if obj != obj:
+            return "NaN"
+        if obj in (float("inf"), float("-inf")):
+            return "Infinity" if obj > 0 else "-Infinity"
+        return float.__repr__(obj)
+    if t is dict:
+        return "{" + ", ".join(_encode_str(str(k)) + ": " + _dumps(v) for k, v in obj.items()) + "}"
+    if t is list or t is tuple:
+        return "[" + ", ".join(_dumps(v) for v in obj) + "]"
+    raise TypeError(f"cannot encode {t.__name__} in a reply")
+
+
+_scan = _json.make_scanner(_ScanContext()) if _json is not None else None
+
+
+class _CellSources:
+    """Cell sources for tracebacks, handed to ``linecache`` only once something imports it.
+
+    ``linecache`` imports ``tokenize`` and ``re``: milliseconds of every worker's start-up that most
+    executions never need. Until it is imported the sources wait here. As a meta-path finder this
+    object sees the import of ``linecache`` (by a traceback: ours or one the cell prints itself)
+    and fills its cache as soon as the module has run, so tracebacks show the cells' lines.
+    """
+
+    def __init__(self):
+        self.pending = {}
+        sys.meta_path.insert(0, self)
+
+    def add(self, filename, code):
+        entry = (len(code), None, code.splitlines(True), filename)
+        linecache = sys.modules.get("linecache")
+        if linecache is not None and isinstance(getattr(linecache, "cache", None), dict):
+            linecache.cache[filename] = entry
+        else:
+            self.pending[filename] = entry
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "linecache":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)  # one import to watch, then out of the way
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _ThenFill(spec.loader, self)
+                return spec
+        return None
+
+
+class _ThenFill:
+    """Loader wrapper: run the real loader, then give ``linecache`` the pending cell sources."""
+
+    def __init__(self, loader, sources):
+        self.loader = loader
+        self.sources = sources
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        cache = getattr(module, "cache", None)
+        if isinstance(cache, dict):
+            cache.update(self.sources.pending)
+            self.sources.pending.clear()
 
 
 class _Stream:
@@ -118,7 +242,7 @@ class _Capture:
     """Drains the stdout/stderr pipes on a thread so a chatty cell never blocks on a full pipe."""
 
     def __init__(self):
-        self.lock = threading.Lock()
+        self.lock = _thread.allocate_lock()
         self.streams = []
         for target in (1, 2):
             r, w = os.pipe()
@@ -134,10 +258,9 @@ class _Capture:
         self.poller = select.poll()
         for s in self.streams:
             self.poller.register(s.read_fd, select.POLLIN)
-        threading.stack_size(256 * 1024)  # keep our own thread cheap under RLIMIT_AS
-        thread = threading.Thread(target=self._run, name="sandbox-capture", daemon=True)
-        thread.start()
-        threading.stack_size(0)
+        _thread.stack_size(256 * 1024)  # keep our own thread cheap under RLIMIT_AS
+        _thread.start_new_thread(self._run, ())  # a bare thread: `threading` is not imported
+        _thread.stack_size(0)
 
     def _run(self):
         while True:
@@ -182,6 +305,7 @@ class _Worker:
         self.own_pid_ns = bool(config.get("own_pid_namespace"))
         self.globals = {"__name__": "__main__", "__builtins__": __builtins__}
         self.cell = 0
+        self.sources = _CellSources()
         self.pid = os.getpid()
         self.cpu_hard = resource.RLIM_INFINITY
         self._setup_fds()
@@ -255,10 +379,10 @@ class _Worker:
         body = self._read_exact(n)
         if body is None:
             return None
-        return json.loads(body)
+        return _loads(body.decode("utf-8"))
 
     def send(self, obj):
-        body = json.dumps(obj, ensure_ascii=False).encode("utf-8", "backslashreplace")
+        body = _dumps(obj).encode("utf-8", "backslashreplace")
         data = _HEADER.pack(len(body)) + body
         view = memoryview(data)
         while view:
@@ -292,11 +416,11 @@ class _Worker:
     def _compile(self, code, want_value):
         self.cell += 1
         filename = f"<cell-{self.cell}>"
-        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        tree = ast.parse(code, filename, "exec")
+        self.sources.add(filename, code)
+        tree = compile(code, filename, "exec", _ast.PyCF_ONLY_AST)  # ast.parse, without `ast`
         last = None
-        if want_value and tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
+        if want_value and tree.body and isinstance(tree.body[-1], _ast.Expr):
+            last = _ast.Expression(tree.body.pop().value)
         body = compile(tree, filename, "exec")
         return body, (compile(last, filename, "eval") if last is not None else None)
 
@@ -372,6 +496,8 @@ class _Worker:
             code = exc.code
             exit_code = code if isinstance(code, int) else (0 if code is None else 1)
         try:
+            import traceback
+
             text = "".join(traceback.format_exception(etype, exc, tb))
         except BaseException:
             text = f"{etype.__name__}: <traceback unavailable>"
@@ -395,7 +521,7 @@ class _Worker:
                 return
             for pid in victims:
                 try:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, _signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
             self._reap()
@@ -450,7 +576,9 @@ class _Worker:
                     raise ValueError(f"file path {rel!r} escapes the workspace")
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "wb") as f:
-                    f.write(base64.b64decode(content))
+                    import binascii  # base64 itself would import re
+
+                    f.write(binascii.a2b_base64(content))
                 written.append(rel)
         except BaseException:
             return {"error": self._describe(*sys.exc_info())}
@@ -467,8 +595,8 @@ def _safe(text):
 
 
 def main(argv):
-    config = json.loads(argv[1]) if len(argv) > 1 and argv[1] else {}
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    config = _loads(argv[1]) if len(argv) > 1 and argv[1] else {}
+    _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
     worker = _Worker(config)
     try:
         worker.serve()

@@ -36,6 +36,20 @@ def test_exception_traceback_is_trimmed_to_user_frames(sb: LocalSandbox) -> None
     assert not r.session_restarted
 
 
+def test_tracebacks_show_cell_source_lines(sb: LocalSandbox) -> None:
+    """The worker imports linecache lazily; cell sources must still reach every traceback."""
+    printed_by_the_cell = (
+        "import traceback\ntry:\n    1 / 0\nexcept ZeroDivisionError:\n    traceback.print_exc()"
+    )
+    r = sb.run(printed_by_the_cell)  # a fresh worker: nothing has imported linecache before this cell
+    assert "    1 / 0\n" in r.stderr and "ZeroDivisionError" in r.stderr
+    with sb.session() as s:
+        s.run("def g():\n    return {}['missing key']")
+        r = s.run("g()")
+    assert r.error is not None and r.error.type == "KeyError"
+    assert "return {}['missing key']" in r.error.traceback and "<cell-1>" in r.error.traceback
+
+
 def test_syntax_error_is_reported(sb: LocalSandbox) -> None:
     r = sb.run("def (:")
     assert r.error is not None and r.error.type == "SyntaxError"
