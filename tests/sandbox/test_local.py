@@ -237,6 +237,36 @@ def test_taking_a_uid_kills_what_a_dead_owner_left_running(tmp_path) -> None:
         alloc.give(299_990)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="per-worker uids are only used when the server runs as root")
+def test_only_a_uid_given_back_clean_skips_the_orphan_scan(monkeypatch) -> None:
+    from sandbox import launcher
+    from sandbox.limits import DEFAULT_LIMITS
+    from sandbox.protocol import ChannelTimeout, exec_request
+
+    # Uids of our own (by pid), so that a concurrent run of this suite cannot hold them.
+    uid, worker_uid = 298_000 + 2 * (os.getpid() % 500), 298_001 + 2 * (os.getpid() % 500)
+    scanned: list[int] = []
+    monkeypatch.setattr(launcher, "_kill_orphans", scanned.append)
+    alloc = launcher.UidAllocator(base=uid, count=1)
+    alloc.give(alloc.take())  # not known to be clean
+    assert alloc.take() == uid and scanned[-1:] == [uid]
+    alloc.give(uid, clean=True)
+    scanned.clear()
+    alloc.take()
+    assert scanned == []
+    alloc.give(uid)
+
+    # A worker killed mid-cell, with a child of its own running: afterwards nothing runs as its uid.
+    lch = launcher.Launcher(launcher.LaunchConfig(isolation="bwrap", uid_base=worker_uid, uid_count=1))
+    worker = lch.spawn(DEFAULT_LIMITS)
+    code = "import subprocess, time\nsubprocess.Popen(['sleep', '60'])\ntime.sleep(60)"
+    with pytest.raises(ChannelTimeout):
+        worker.channel.request(exec_request(code, DEFAULT_LIMITS), 0.5)
+    worker.kill()
+    assert (lch.uids.LOCK_DIR / str(worker_uid)).read_bytes() == b"clean"
+    assert [e for e in os.scandir("/proc") if e.name.isdigit() and e.stat().st_uid == worker_uid] == []
+
+
 def test_cgroups_of_dead_owners_are_swept() -> None:
     from sandbox.cgroups import CgroupManager
 
