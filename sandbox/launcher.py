@@ -161,6 +161,7 @@ class Launcher:
         self.config = config
         self.is_root = os.geteuid() == 0
         self.uids = UidAllocator(config.uid_base, config.uid_count) if self.is_root else None
+        self.setpriv = shutil.which("setpriv") if self.is_root else None
         self.cgroups = CgroupManager(enabled=config.cgroups and config.isolation == "bwrap")
         self._worker_source = WORKER_PATH.read_text()
         self._worker_code = compile_worker(config.python, self._worker_source)
@@ -279,7 +280,15 @@ class WorkerProcess:
             raise
 
     # -- start ------------------------------------------------------------------------------
-    def _popen_kwargs(self) -> dict[str, object]:
+    def _popen(self, argv: list[str], **extra: object) -> subprocess.Popen[bytes]:
+        """Start ``argv`` as this worker's uid, in a new session, with an almost empty environment.
+
+        The uid switch is done by ``setpriv`` rather than Popen's ``user=``: with ``user=`` Python
+        must fork() instead of vfork(), copying the page tables of this whole process. In a
+        trainer with a model loaded that is tens of ms of CPU and 100+ ms per worker start (a
+        1 GB parent: 30 ms of CPU, ~200 ms wall), against ~1.5 ms for the extra exec. The
+        credentials are the same: real, effective and saved uid and gid, no supplementary groups.
+        """
         kw: dict[str, object] = {
             "stdin": subprocess.PIPE,
             "stdout": subprocess.PIPE,
@@ -287,10 +296,16 @@ class WorkerProcess:
             "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
             "start_new_session": True,
             "bufsize": 0,
+            **extra,
         }
         if self.uid is not None:
-            kw.update(user=self.uid, group=self.uid, extra_groups=[])
-        return kw
+            setpriv = self.launcher.setpriv
+            if setpriv:
+                u = str(self.uid)
+                argv = [setpriv, f"--reuid={u}", f"--regid={u}", "--clear-groups", "--", *argv]
+            else:
+                kw.update(user=self.uid, group=self.uid, extra_groups=[])
+        return subprocess.Popen(argv, **kw)  # type: ignore[call-overload,no-any-return]
 
     def _start_bwrap(self, limits: Limits) -> None:
         launcher = self.launcher
@@ -303,7 +318,7 @@ class WorkerProcess:
             self.cgroup = launcher.cgroups.create(
                 self.name, (limits.memory_mb + 2 * limits.disk_mb) << 20, limits.processes + 8
             )
-            self.proc = subprocess.Popen(argv, pass_fds=(info_w, block_r), **self._popen_kwargs())
+            self.proc = self._popen(argv, pass_fds=(info_w, block_r))
             os.close(info_w)
             info_w = -1
             os.close(block_r)
@@ -327,10 +342,13 @@ class WorkerProcess:
         if self.uid is not None:
             os.chown(self.workdir_host, self.uid, self.uid)
         config = self.launcher.worker_config(limits, self.workdir_host)
-        argv = self.launcher.worker_argv(config)
-        kw = self._popen_kwargs()
-        kw["env"] = {**kw["env"], "HOME": self.workdir_host, "TMPDIR": self.workdir_host}  # type: ignore[dict-item]
-        self.proc = subprocess.Popen(argv, cwd=self.workdir_host, **kw)
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HOME": self.workdir_host,
+            "TMPDIR": self.workdir_host,
+        }
+        self.proc = self._popen(self.launcher.worker_argv(config), cwd=self.workdir_host, env=env)
 
     def _stderr_tail(self) -> str:
         with contextlib.suppress(Exception):
