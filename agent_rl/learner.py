@@ -3,13 +3,16 @@
 The learner knows nothing about environments or engines: it takes the tensors `collate` made,
 scores them with the current policy (log-probs, entropy and the OTB collision term sum p^2 in one
 chunked forward pass), computes advantages by estimator name, and runs PPO-clip minibatch updates
-with gradient accumulation. That keeps it movable to another process (DDP/Ray) later: batch in,
-metrics and weights out.
+with gradient accumulation. That keeps it movable to another process: batch in, metrics and
+weights out. Data-parallel ranks (agent_rl/distributed/learner.py) run the same code on a shard of
+the batch; the only hook is `update(batch, shard=...)`, which uses the global minibatches, the global
+loss normaliser and gradients summed over ranks. Without a shard nothing touches torch.distributed.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,6 +33,76 @@ Batch = dict[str, Any]
 
 def _rows(batch: Batch, idx: torch.Tensor) -> Batch:
     return {k: v[idx] if isinstance(v, torch.Tensor) and v.dim() > 0 else v for k, v in batch.items()}
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The rows of the global batch that one data-parallel learner rank holds.
+
+    Why the global row numbers: every rank draws the same permutation of all `total` rows (their
+    generators are in the same state) and keeps its own rows of each minibatch, so the minibatches
+    are exactly those of one process updating on the whole batch.
+    """
+
+    rows: torch.Tensor
+    """(b,) long: global indices of this rank's rows, in the order they appear in its batch."""
+    total: int
+    """Rows in the global batch."""
+
+    def local(self, global_idx: torch.Tensor) -> torch.Tensor:
+        """Positions in this rank's batch of the `global_idx` rows it holds (order kept, others dropped)."""
+        position = torch.full((self.total,), -1, dtype=torch.long)
+        position[self.rows] = torch.arange(len(self.rows))
+        local = position[global_idx]
+        return local[local >= 0]
+
+
+def _all_reduce_sum(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Sum `t` over the ranks (on `device`: NCCL only reduces CUDA tensors); returned on t's device."""
+    import torch.distributed as dist
+
+    buf = t.to(device, copy=True)
+    dist.all_reduce(buf)
+    return buf.to(t.device)
+
+
+def _sum_gradients(params: list[torch.nn.Parameter]) -> None:
+    """All-reduce (SUM) the accumulated gradients over the ranks: one flat buffer per dtype.
+
+    A rank that held no row of a minibatch contributes zeros; a parameter that no rank produced a
+    gradient for keeps `grad=None`, as in one process (AdamW skips it instead of decaying it).
+    """
+    import torch.distributed as dist
+
+    device = params[0].device
+    had = torch.tensor([float(p.grad is not None) for p in params], device=device)
+    dist.all_reduce(had)
+    by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = defaultdict(list)
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        by_dtype[p.grad.dtype].append(p)
+    for group in by_dtype.values():
+        flat = torch.cat([p.grad.reshape(-1) for p in group])  # type: ignore[union-attr]
+        dist.all_reduce(flat)
+        for p, g in zip(group, flat.split([p.numel() for p in group])):
+            p.grad.copy_(g.view_as(p))  # type: ignore[union-attr]
+    for p, n in zip(params, had.tolist()):
+        if n == 0:
+            p.grad = None
+
+
+def step_metrics(scored: Batch) -> dict[str, float]:
+    """Advantage and policy statistics of a scored batch (over the whole batch, also with ranks)."""
+    policy = scored["response_mask"].bool() & scored["valid"][:, None]
+    metrics = advantage_metrics(scored["advantages"], policy)
+    if policy.any():
+        w = logit_gradient_proxy(scored["old_log_probs"], scored["sum_pi_squared"], policy)  # (B, R)
+        drift = (scored["sampler_log_probs"] - scored["old_log_probs"]).abs()  # (B, R)
+        metrics["policy/entropy"] = float(scored["entropy"][policy].mean())
+        metrics["policy/proxy_w_mean"] = float(w[policy].mean())
+        metrics["policy/sampler_trainer_logp_diff"] = float(drift[policy].max())
+    return metrics
 
 
 class Learner:
@@ -61,6 +134,9 @@ class Learner:
             entropy_coef=algo.entropy_coef,
         )
         self.generator = torch.Generator().manual_seed(train.seed)
+        self.micro_metrics: list[tuple[int, dict[str, float]]] = []
+        """(optimiser step, losses/ metrics) of every micro-batch of the last update: data-parallel
+        ranks are reduced from these, since a rank's means alone cannot be combined exactly."""
 
     # -- scoring -------------------------------------------------------------------------------
     def _stats(self, model: torch.nn.Module, batch: Batch, *, entropy: bool, sum_p2: bool) -> TokenStats:
@@ -152,26 +228,41 @@ class Learner:
         order = torch.randperm(n, generator=self.generator) if shuffle else torch.arange(n)
         return list(order.split(self.algo.micro_batch_size))
 
-    def _denominator(self, batch: Batch) -> torch.Tensor:
+    def _denominator(self, batch: Batch, shard: Shard | None = None) -> torch.Tensor:
+        """Tokens (token-mean) or sequences (seq-* modes) in the minibatch: over all ranks with a shard."""
         mask = batch["response_mask"].bool() & batch["valid"][:, None]
-        if self.algo.loss_agg == "token-mean":
-            return mask.sum().clamp_min(1).float()
-        return mask.any(1).sum().clamp_min(1).float()
+        count = mask.sum() if self.algo.loss_agg == "token-mean" else mask.any(1).sum()
+        if shard is not None:
+            count = _all_reduce_sum(count, next(self.model.parameters()).device)
+        return count.clamp_min(1).float()
 
-    def update(self, batch: Batch) -> dict[str, float]:
-        """PPO epochs x minibatches, each an optimiser step accumulated over micro-batches."""
+    def update(self, batch: Batch, shard: Shard | None = None) -> dict[str, float]:
+        """PPO epochs x minibatches, each an optimiser step accumulated over micro-batches.
+
+        shard: on a data-parallel rank, `batch` holds only these rows of the global batch. The rank
+        then walks the global minibatches, divides its loss by the global token/sequence count and
+        sums gradients over the ranks before clipping, so each rank takes exactly the optimiser
+        step of one process on the whole batch (up to float rounding).
+        """
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
-        n = len(batch["input_ids"])
+        self.micro_metrics = []
+        n = len(batch["input_ids"]) if shard is None else shard.total
+        params = list(self.model.parameters())
         max_norm = 0.0
+        opt_step = 0
         self.model.train()
         for _ in range(self.algo.ppo_epochs):
             order = torch.randperm(n, generator=self.generator)
             for mb_idx in order.tensor_split(self.algo.minibatches):
+                if shard is not None:
+                    mb_idx = shard.local(mb_idx)
                 minibatch = _rows(batch, mb_idx)
-                denominator = self._denominator(minibatch)
+                denominator = self._denominator(minibatch, shard)
                 self.optimizer.zero_grad(set_to_none=True)
                 for idx in self._micro_batches(len(mb_idx), shuffle=False):
+                    if len(idx) == 0:  # a minibatch with no rows here (a rank's share may be empty)
+                        continue
                     micro = _rows(minibatch, idx)
                     stats = self._stats(self.model, micro, entropy=True, sum_p2=False)
                     out = ppo_loss(
@@ -186,37 +277,40 @@ class Learner:
                         denominator=denominator,
                     )
                     out.loss.backward()
-                    for k, v in out.metrics.items():
-                        sums[k] += float(v)
+                    record = {k: float(v) for k, v in out.metrics.items()}
+                    self.micro_metrics.append((opt_step, record))
+                    for k, v in record.items():
+                        sums[k] += v
                         counts[k] += 1
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
+                if shard is not None:
+                    _sum_gradients([p for p in params if p.requires_grad])
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
                 sums["grad/norm"] += grad_norm  # before clipping
                 counts["grad/norm"] += 1
                 max_norm = max(max_norm, grad_norm)
                 self.optimizer.step()
                 self.scheduler.step()
+                opt_step += 1
         metrics = {k: sums[k] / counts[k] for k in sums}
         metrics["grad/max_norm"] = max_norm
         metrics["perf/lr"] = self.scheduler.get_last_lr()[0]
         return metrics
+
+    def prepare(self, batch: Batch) -> Batch:
+        """Score the batch with the current policy and add its advantages (everything before the update)."""
+        scored = self.score(batch)
+        if self.needs("grad_sq_norms"):
+            scored["grad_sq_norms"] = self.exact_sequence_grad_sq_norms(scored)
+        scored["advantages"] = self.advantages(scored)
+        return scored
 
     def step(self, batch: Batch, *, diagnose: bool = False) -> tuple[Batch, dict[str, float]]:
         """Score, estimate advantages, update. Returns the scored batch (with advantages) and metrics.
 
         diagnose: also measure the exact per-sample gradient variance before the update.
         """
-        scored = self.score(batch)
-        if self.needs("grad_sq_norms"):
-            scored["grad_sq_norms"] = self.exact_sequence_grad_sq_norms(scored)
-        scored["advantages"] = self.advantages(scored)
-        policy = scored["response_mask"].bool() & scored["valid"][:, None]
-        metrics = advantage_metrics(scored["advantages"], policy)
-        if policy.any():
-            w = logit_gradient_proxy(scored["old_log_probs"], scored["sum_pi_squared"], policy)  # (B, R)
-            drift = (scored["sampler_log_probs"] - scored["old_log_probs"]).abs()  # (B, R)
-            metrics["policy/entropy"] = float(scored["entropy"][policy].mean())
-            metrics["policy/proxy_w_mean"] = float(w[policy].mean())
-            metrics["policy/sampler_trainer_logp_diff"] = float(drift[policy].max())
+        scored = self.prepare(batch)
+        metrics = step_metrics(scored)
         if diagnose:
             metrics.update(self.gradient_diagnostics(scored))
         metrics.update(self.update(scored))
