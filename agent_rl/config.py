@@ -138,9 +138,29 @@ class ScaleConfig(Section):
     rollout_workers: int = Field(1, ge=1)
     """Rollout worker actors, each with its own engine and collector."""
     learner_workers: int = Field(1, ge=1)
-    """Data-parallel learner ranks (torch.distributed DDP); 1 = the learner runs in the driver."""
+    """Data-parallel learner ranks as Ray actors (torch.distributed: gloo on CPU, nccl on CUDA), each
+    updating on whole groups of the batch with gradients summed over ranks; 1 = the learner runs
+    in the driver. Needs backend 'ray'."""
     sandbox_urls: list[str] = Field(default_factory=list)
     """Sandbox services shared by all rollout workers (load-balanced); empty = each worker's own backend."""
+    worker_timeout_s: float = Field(600.0, gt=0)
+    """Deadline for one rollout shard, counted from its submission (one more deadline per shard
+    queued ahead of it on the same worker, and one more on a replacement still loading its model).
+    A worker that has not answered by then is killed and replaced, and its shard re-run or flagged
+    exactly as if the worker had died. Keep it well above the time of a normal shard."""
+    learner_timeout_s: float = Field(600.0, gt=0)
+    """Deadline for one call to the learner ranks (scoring a shard, one update). A rank that misses
+    it fails the step with an error (ranks meet in all-reduce, so one cannot be swapped mid-update);
+    resume from the last checkpoint. Also the torch.distributed collective timeout."""
+
+    @model_validator(mode="after")
+    def _ranks_need_ray(self) -> ScaleConfig:
+        if self.learner_workers > 1 and self.backend != "ray":
+            raise ValueError(
+                "learner_workers > 1 runs learner ranks as Ray actors: set scale.backend=ray "
+                "(or learner_workers=1 to keep the learner in this process)"
+            )
+        return self
 
 
 class RunConfig(Section):
@@ -160,6 +180,15 @@ class Config(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _a_group_per_rank(self) -> Config:
+        if self.scale.learner_workers > self.rollout.prompts_per_step:
+            raise ValueError(
+                f"scale.learner_workers={self.scale.learner_workers} ranks need at least as many groups: "
+                f"rollout.prompts_per_step is {self.rollout.prompts_per_step} (each rank updates on whole groups)"
+            )
+        return self
 
     @property
     def run_dir(self) -> Path:

@@ -18,7 +18,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from agent_rl.config import Config, ConfigError, SandboxConfig, dump_config, loa
 from agent_rl.learner import Learner
 from agent_rl.metrics import MetricsLogger, write_plots
 from agent_rl.tiny_model import TinyModelSpec, ensure_tiny_model, load_model_and_tokenizer
+
+if TYPE_CHECKING:
+    from agent_rl.distributed.learner import RayLearner
 
 EVAL_TASK_OFFSET = 500_000
 """Held-out tasks start at this task index; training tasks come from below it."""
@@ -117,12 +120,20 @@ class Trainer:
         self.model, self.tokenizer = load_model_and_tokenizer(
             self.model_path, cfg.model.dtype, cfg.model.device
         )
-        ref = None
-        if cfg.algo.kl_coef > 0:
-            ref = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.learner = Learner(
-            self.model, cfg.algo, cfg.train, temperature=cfg.rollout.temperature, ref_model=ref
-        )
+        self.learner: Learner | RayLearner
+        if cfg.scale.learner_workers > 1:
+            # Data-parallel ranks as Ray actors, replicas of this model; the driver keeps its copy
+            # for the warm-up and the initial weights only (the policy then lives on the ranks).
+            from agent_rl.distributed.learner import RayLearner
+
+            self.learner = RayLearner.from_config(cfg, self.model_path, self.model.state_dict())
+        else:
+            ref = None
+            if cfg.algo.kl_coef > 0:
+                ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+            self.learner = Learner(
+                self.model, cfg.algo, cfg.train, temperature=cfg.rollout.temperature, ref_model=ref
+            )
         self.sandbox = make_sandbox(cfg.sandbox)
         env_kwargs = dict(cfg.env.kwargs)
         env_kwargs.setdefault("max_turns", cfg.rollout.max_turns)
@@ -160,6 +171,14 @@ class Trainer:
         self.tokens_total = 0
 
     # -- state ---------------------------------------------------------------------------------
+    def publish_weights(self) -> None:
+        """Hand the policy's current weights to the rollout engine: this process's model, or learner
+        rank 0's (an object-store reference, so they do not travel through the driver)."""
+        if isinstance(self.learner, Learner):
+            self.engine.update_weights(self.model.state_dict())
+        else:
+            self.engine.update_weights(self.learner.weights_ref())
+
     def save(self) -> Path:
         return save_checkpoint(
             self.run_dir,
@@ -176,7 +195,7 @@ class Trainer:
         self.step = rest["step"]
         self.task_cursor = rest["data"]["task_cursor"]
         self.tokens_total = rest["data"]["tokens_total"]
-        self.engine.update_weights(self.model.state_dict())
+        self.publish_weights()
         self.logger.truncate_after(self.step)
         return True
 
@@ -206,7 +225,9 @@ class Trainer:
             pad_id=self.tokenizer.pad_token_id,
             seed=self.cfg.train.seed,
         )
-        self.engine.update_weights(self.model.state_dict())
+        if not isinstance(self.learner, Learner):
+            self.learner.load_weights(self.model.state_dict())  # the ranks start RL from the warm-up
+        self.publish_weights()
         return losses
 
     def evaluate(self, n: int) -> dict[str, float]:
@@ -237,7 +258,7 @@ class Trainer:
         batch = collate(trajs, self.tokenizer.pad_token_id)
         every = cfg.train.grad_variance_every
         scored, metrics = self.learner.step(batch, diagnose=bool(every) and self.step % every == 0)
-        self.engine.update_weights(self.model.state_dict())
+        self.publish_weights()
         t2 = time.perf_counter()
         for traj, adv in zip(trajs, scored["advantages"]):
             traj.advantages = adv[: len(traj.response_ids)].tolist()

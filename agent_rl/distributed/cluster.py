@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent_rl.config import ScaleConfig
 
 
 class RayUnavailable(ImportError):
@@ -40,3 +43,9 @@ def ensure_ray(address: str | None, *, min_cpus: int = 1) -> Any:
             log_to_driver=True,
         )
     return ray
+
+
+def ray_cpus_wanted(scale: ScaleConfig) -> int:
+    """Logical CPUs the configured actors reserve: one per rollout worker and per learner rank
+    (learner_workers=1 keeps the learner in the driver, which reserves none)."""
+    return scale.rollout_workers + (scale.learner_workers if scale.learner_workers > 1 else 0)

@@ -7,8 +7,11 @@ in-process collector would return.
 
 Faults: a worker whose actor dies (killed, OOM, node lost) is replaced by a fresh actor that
 loads the current weights; the shard it was running is re-run on the least busy live worker.
-A shard that fails `max_attempts` times comes back as infrastructure-failure trajectories
-(`infra_error` set, excluded by the learner), so the step always completes with B x N entries.
+A worker that hangs (alive, but stuck in a sandbox call or a deadlock) is treated the same way
+once its shard misses the deadline `worker_timeout_s`: the driver kills the actor and proceeds as
+if it had died. A shard that fails `max_attempts` times comes back as infrastructure-failure
+trajectories (`infra_error` set, excluded by the learner), so the step always completes with
+B x N entries.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agent_rl.distributed.cluster import ensure_ray, import_ray
+from agent_rl.distributed.cluster import ensure_ray, import_ray, ray_cpus_wanted
 from agent_rl.distributed.worker import RolloutWorker, ShardResult, WorkerSpec
 from agent_rl.rollout.collector import CollectorConfig, CollectStats, Task
 from agent_rl.rollout.trajectory import Trajectory, json_safe
@@ -42,6 +45,8 @@ class ClusterCollectStats(CollectStats):
     """Episodes re-run because their worker died."""
     lost_episodes: int = 0
     """Episodes returned as infrastructure failures after every attempt failed."""
+    worker_timeouts: int = 0
+    """Workers killed because a shard missed its deadline (also counted in worker_restarts)."""
 
     def as_metrics(self) -> dict[str, float]:
         return {
@@ -50,6 +55,7 @@ class ClusterCollectStats(CollectStats):
             "perf/worker_restarts": self.worker_restarts,
             "perf/rerun_episodes": self.rerun_episodes,
             "perf/lost_episodes": self.lost_episodes,
+            "perf/worker_timeouts": self.worker_timeouts,
         }
 
 
@@ -69,6 +75,15 @@ def _as_cpu_state(state_dict: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
 
 
+class _Call(NamedTuple):
+    """A shard on its way: which shard, on which worker (slot and handle), answer due by when."""
+
+    shard: int
+    index: int
+    worker: Any
+    deadline: float
+
+
 class RayRollout:
     """N rollout-worker actors behind the engine interface the trainer uses."""
 
@@ -80,16 +95,20 @@ class RayRollout:
         *,
         sandbox_urls: Sequence[str] = (),
         max_attempts: int = 2,
+        worker_timeout_s: float = 600.0,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        if worker_timeout_s <= 0:
+            raise ValueError(f"worker_timeout_s must be > 0, got {worker_timeout_s}")
         self.ray = import_ray()
         if not self.ray.is_initialized():
             raise RuntimeError("RayRollout needs a Ray connection; call ensure_ray() or ray.init() first")
         self.spec = spec
         self.max_attempts = max_attempts
+        self.worker_timeout_s = worker_timeout_s
         self.max_model_len = spec.max_model_len
         self.leaser: Any = None
         if sandbox_urls:
@@ -105,6 +124,8 @@ class RayRollout:
         self._box: list[Any] = [None]
         self.workers: list[Any] = []
         self.worker_ids: list[str] = []
+        self._starting: set[str] = set()
+        """Replacement workers that have not answered yet (maybe still loading the model)."""
         for _ in range(num_workers):
             handle, wid = self._spawn()
             self.workers.append(handle)
@@ -120,12 +141,7 @@ class RayRollout:
     ) -> RayRollout:
         """Workers for `cfg` (connecting to `cfg.scale.address` or starting a local Ray)."""
         scale = cfg.scale
-        if scale.learner_workers > 1:
-            raise NotImplementedError(
-                "scale.learner_workers > 1 (DDP learner ranks on Ray) is not implemented yet; "
-                "use scale.learner_workers=1 (the learner runs in the driver)"
-            )
-        ensure_ray(scale.address, min_cpus=scale.rollout_workers)
+        ensure_ray(scale.address, min_cpus=ray_cpus_wanted(scale))
         env_kwargs = dict(cfg.env.kwargs)
         env_kwargs.setdefault("max_turns", cfg.rollout.max_turns)
         on_gpu = cfg.rollout.engine == "vllm" or cfg.model.device.startswith("cuda")
@@ -142,7 +158,13 @@ class RayRollout:
             sandbox_token=os.environ.get(cfg.sandbox.token_env),
             num_gpus=1.0 if on_gpu else 0.0,
         )
-        return cls(spec, scale.rollout_workers, weights, sandbox_urls=scale.sandbox_urls)
+        return cls(
+            spec,
+            scale.rollout_workers,
+            weights,
+            sandbox_urls=scale.sandbox_urls,
+            worker_timeout_s=scale.worker_timeout_s,
+        )
 
     # ------------------------------------------------------------------ workers
     def _spawn(self) -> tuple[Any, str]:
@@ -151,7 +173,7 @@ class RayRollout:
         return self._actor_cls.remote(self.spec, wid, self.leaser), wid
 
     def _replace(self, index: int, dead: Any) -> None:
-        """Swap a dead worker for a fresh one holding the current weights (once per death)."""
+        """Swap a dead (or hung) worker for a fresh one holding the current weights (once per death)."""
         if self.workers[index] is not dead:
             return  # already replaced by an earlier failure report
         old_id = self.worker_ids[index]
@@ -163,23 +185,29 @@ class RayRollout:
             self.leaser.release_owner.remote(old_id)
         handle, wid = self._spawn()
         self.workers[index], self.worker_ids[index] = handle, wid
+        self._starting.add(wid)
         self.restarts += 1
         if self._box[0] is not None:
             handle.load_weights.remote(self.version, self._box)
-        log.warning("rollout worker %s died; replaced by %s (weights v%d)", old_id, wid, self.version)
+        log.warning("rollout worker %s lost; replaced by %s (weights v%d)", old_id, wid, self.version)
 
     def worker_versions(self) -> list[int]:
         """The weights version each current worker holds (waits for pending loads)."""
         return self.ray.get([w.weights_version.remote() for w in self.workers])
 
     # ------------------------------------------------------------------ engine interface
-    def update_weights(self, state_dict: Mapping[str, Any], *, wait: bool = False) -> int:
+    def update_weights(self, state_dict: Mapping[str, Any] | Any, *, wait: bool = False) -> int:
         """Publish a new weights version: one object-store put, fetched by every worker.
 
+        `state_dict` may also be an ObjectRef to one already in the object store (learner rank 0's
+        weights: the workers then fetch them from that rank's node, not through the driver).
         Workers start loading at once (in the background unless `wait`); a collect call pins
         the version, so a worker that missed this message still loads it before sampling.
         """
-        ref = self.ray.put(_as_cpu_state(state_dict))
+        if isinstance(state_dict, self.ray.ObjectRef):
+            ref = state_dict
+        else:
+            ref = self.ray.put(_as_cpu_state(state_dict))
         self.version += 1
         self._box = [ref]
         loads = [w.load_weights.remote(self.version, self._box) for w in self.workers]
@@ -222,41 +250,72 @@ class RayRollout:
         results: list[ShardResult | None] = [None] * len(shards)
         lost: dict[int, list[Trajectory]] = {}
         attempts = [0] * len(shards)
-        pending: dict[Any, tuple[int, int, Any]] = {}
-        rerun = 0
+        pending: dict[Any, _Call] = {}
+        rerun = timeouts = 0
         version, box = self.version, self._box
+
+        def busy(index: int) -> int:
+            return sum(1 for c in pending.values() if c.index == index)
 
         def submit(shard: int, index: int) -> None:
             ids = shards[shard]
             worker = self.workers[index]
+            # One deadline per shard queued ahead (an actor runs one call at a time), and one more
+            # for a replacement that may still be loading its model.
+            ahead = busy(index) + (self.worker_ids[index] in self._starting)
+            deadline = time.monotonic() + self.worker_timeout_s * (ahead + 1)
             ref = worker.collect.remote(
                 key, config, [tasks[g] for g in ids], ids, group_size, seed, version, box
             )
-            pending[ref] = (shard, index, worker)
+            pending[ref] = _Call(shard, index, worker, deadline)
 
         for shard in range(len(shards)):
             submit(shard, shard)
         if on_submitted is not None:
             on_submitted()
         while pending:
-            ready, _ = self.ray.wait(list(pending), num_returns=1)
-            shard, index, worker = pending.pop(ready[0])
-            try:
-                results[shard] = self.ray.get(ready[0])
-                continue
-            except RayActorError as err:
-                failure = err
-            self._replace(index, worker)
+            due = min(c.deadline for c in pending.values())
+            ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=max(0.0, due - time.monotonic()))
+            if ready:
+                call = pending.pop(ready[0])
+                try:
+                    result: ShardResult = self.ray.get(ready[0])
+                except RayActorError as err:
+                    reason = type(err).__name__
+                else:
+                    results[call.shard] = result
+                    self._starting.discard(result.worker_id)
+                    continue
+            else:  # the most overdue shard's worker is hung: kill it and carry on as after a death
+                ref = min(pending, key=lambda r: pending[r].deadline)
+                call = pending.pop(ref)
+                timeouts += 1
+                reason = f"no answer within {self.worker_timeout_s:g}s"
+                log.warning(
+                    "rollout worker %s: shard %d %s; killing it",
+                    self.worker_ids[call.index],
+                    call.shard,
+                    reason,
+                )
+            shard = call.shard
+            self._replace(call.index, call.worker)
             attempts[shard] += 1
             episodes = len(shards[shard]) * group_size
             if attempts[shard] < self.max_attempts:
                 rerun += episodes
-                busy = [sum(1 for _, i, _ in pending.values() if i == j) for j in range(len(self.workers))]
-                submit(shard, min(range(len(self.workers)), key=lambda j: busy[j]))
+                # Least busy first; on a tie, a worker that has answered before over a replacement
+                # that may still be loading its model.
+                submit(
+                    shard,
+                    min(
+                        range(len(self.workers)),
+                        key=lambda j: (busy(j), self.worker_ids[j] in self._starting),
+                    ),
+                )
             else:
-                reason = f"rollout worker lost {attempts[shard]} times: {type(failure).__name__}"
+                why = f"rollout worker lost {attempts[shard]} times: {reason}"
                 lost[shard] = [
-                    _infra_failure(seed, g, s, tasks[g], reason)
+                    _infra_failure(seed, g, s, tasks[g], why)
                     for g in shards[shard]
                     for s in range(group_size)
                 ]
@@ -268,6 +327,7 @@ class RayRollout:
         stats.worker_restarts = self.restarts - restarts_before
         stats.rerun_episodes = rerun
         stats.lost_episodes = sum(len(v) for v in lost.values())
+        stats.worker_timeouts = timeouts
         return trajectories, stats
 
 

@@ -9,6 +9,7 @@ trajectory of a call comes from exactly that version.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,6 +124,7 @@ class RolloutWorker:
         self._make_env = lambda: gymnasium.make(env_id, sandbox=sandbox, **env_kwargs)
         self._collectors: dict[int, ShardCollector] = {}
         self.version = -1
+        self._stall_s = 0.0
 
     def ready(self) -> dict[str, Any]:
         """Answers once construction finished (the model is loaded)."""
@@ -145,6 +147,10 @@ class RolloutWorker:
             self.version = version
         return self.version
 
+    def stall_next_collect(self, seconds: float) -> None:
+        """Test hook: the next collect first sleeps `seconds`, like a worker stuck in a sandbox call."""
+        self._stall_s = seconds
+
     def collect(
         self,
         key: int,
@@ -156,6 +162,9 @@ class RolloutWorker:
         version: int,
         box: list[Any],
     ) -> ShardResult:
+        if self._stall_s:
+            seconds, self._stall_s = self._stall_s, 0.0
+            time.sleep(seconds)
         self.load_weights(version, box)
         if self.version != version:
             raise RuntimeError(

@@ -1,0 +1,369 @@
+"""Data-parallel learner ranks on Ray: N replicas of the Learner that take one optimiser step together.
+
+`RayLearner` stands in for `Learner` in the trainer (`step`, `state_dict`, `load_state_dict`); each
+rank is a `LearnerRank` actor holding a model replica, its optimiser and scheduler, all initialised
+from the driver's weights, and joined to the others by torch.distributed (gloo on CPU, NCCL when
+the model is on CUDA). One step:
+
+1. The driver splits the collated batch into shards of WHOLE groups (group baselines need every
+   sample of a group) and sends one to each rank.
+2. Each rank scores its shard and computes its advantages (`Learner.prepare`); the driver puts the
+   scored shards back together in batch order, for the trajectory log and for the adv/ and policy/
+   metrics, which it computes once over the whole batch exactly as in one process.
+3. Every rank runs `Learner.update(shard=...)`: the same global permutation and minibatches as one
+   process, its loss divided by the global token (or sequence) count, gradients summed over the
+   ranks before clipping. Every rank therefore takes the single-process optimiser step on the
+   whole batch (up to float rounding) and the replicas stay identical.
+
+Why an explicit all-reduce in `Learner.update` rather than torch's DDP wrapper: the loss is already
+normalised by the global count, so gradients must be SUMMED (DDP averages); a rank may hold no row
+of some minibatch (groups are whole, the permutation is global) and DDP needs every rank to run a
+backward each step; and scoring, diagnostics and checkpoints keep using the plain module. DDP's
+overlap of communication with the backward pass buys nothing at this scale; one flat all-reduce
+per optimiser step is what it would do anyway.
+
+Faults: a learner rank cannot be replaced mid-update (it holds its shard and the others wait for
+it in all-reduce), so a rank that dies or does not answer within `timeout_s` fails the step with
+`LearnerRankError`; the ranks are shut down and the run resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import socket
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from agent_rl.config import AlgoConfig, TrainConfig
+from agent_rl.distributed.cluster import ensure_ray, import_ray, ray_cpus_wanted
+from agent_rl.distributed.rollout import split_groups
+from agent_rl.learner import Batch, Learner, Shard, _rows, step_metrics
+
+if TYPE_CHECKING:
+    from agent_rl.config import Config
+
+log = logging.getLogger(__name__)
+
+SUMMED = frozenset({"losses/loss", "losses/pg_loss", "losses/kl_ref", "losses/entropy", "losses/n_tokens"})
+"""Micro-batch metrics that are parts of a sum: the loss terms are already divided by the global
+count, so a minibatch's value is the sum over its micro-batches on every rank (as is its token count)."""
+EXTREMES = {"losses/ratio_max": max, "losses/ratio_min": min}
+"""Every other losses/ metric is a token mean of its micro-batch: combined weighted by tokens."""
+
+
+class LearnerRankError(RuntimeError):
+    """A learner rank died, raised, or did not answer in time; the step cannot complete."""
+
+
+@dataclass
+class LearnerSpec:
+    """What a rank needs to build its replica on any node (plain data, pickled to the actor)."""
+
+    model_path: str
+    """Must exist on every node that runs a rank (the weights themselves come from the driver)."""
+    algo: AlgoConfig
+    train: TrainConfig
+    temperature: float = 1.0
+    dtype: str = "float32"
+    device: str = "cpu"
+    """'cpu', or 'cuda' = the GPU Ray assigned to the rank (then the backend is NCCL)."""
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    torch_threads: int | None = None
+    """Intra-op threads; None = the actor's CPU share (at least 1)."""
+    timeout_s: float = 600.0
+    """Deadline for one call (and the torch.distributed collective timeout)."""
+
+
+def _to(obj: Any, device: torch.device | str) -> Any:
+    """`obj` with every tensor inside (dicts, lists, tuples) moved to `device`."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to(v, device) for v in obj)
+    return obj
+
+
+class LearnerRank:
+    """One data-parallel rank (the actor body; wrapped with `ray.remote` by the driver)."""
+
+    def __init__(self, spec: LearnerSpec, rank: int, world_size: int, weights: Mapping[str, Any]) -> None:
+        from agent_rl.tiny_model import load_model_and_tokenizer
+
+        torch.set_num_threads(spec.torch_threads or max(1, int(spec.num_cpus)))
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        self.spec, self.rank, self.world_size = spec, rank, world_size
+        model, _ = load_model_and_tokenizer(spec.model_path, spec.dtype, spec.device)
+        model.load_state_dict(weights)  # identical replicas: every rank starts from the driver's weights
+        # As in the trainer: the reference policy is the initial one, never the warmed-up or resumed one.
+        ref = copy.deepcopy(model).eval().requires_grad_(False) if spec.algo.kl_coef > 0 else None
+        self.learner = Learner(model, spec.algo, spec.train, temperature=spec.temperature, ref_model=ref)
+        self.device = next(model.parameters()).device
+        self._scored: Batch | None = None
+        self._shard: Shard | None = None
+        self._stall_s = 0.0
+
+    # -- process group ---------------------------------------------------------------------------
+    def rendezvous_address(self) -> tuple[str, int]:
+        """This node's address and a free port, for the others to meet rank 0 (called on rank 0)."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def init_process_group(self, host: str, port: int) -> int:
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            "nccl" if self.device.type == "cuda" else "gloo",
+            init_method=f"tcp://{host}:{port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=self.spec.timeout_s),
+        )
+        return self.rank
+
+    # -- one step ----------------------------------------------------------------------------------
+    def prepare(self, batch: Batch, rows: torch.Tensor, total: int) -> Batch:
+        """Score this rank's shard and add advantages; kept for `update`, returned on the CPU."""
+        self._stall()
+        self._shard = Shard(rows, total)
+        self._scored = self.learner.prepare(_to(batch, self.device))
+        return _to(self._scored, "cpu")
+
+    def diagnose(self, scored: Batch) -> dict[str, float]:
+        """Exact gradient diagnostics over the WHOLE scored batch (rank 0 only, before the update)."""
+        return self.learner.gradient_diagnostics(_to(scored, self.device))
+
+    def update(self) -> tuple[dict[str, float], list[tuple[int, dict[str, float]]]]:
+        """The synchronised update on the prepared shard: (this rank's metrics, its micro-batch records)."""
+        self._stall()
+        if self._scored is None or self._shard is None:
+            raise RuntimeError("update() before prepare(): nothing to train on")
+        metrics = self.learner.update(self._scored, self._shard)
+        self._scored = self._shard = None
+        return metrics, self.learner.micro_metrics
+
+    # -- state -------------------------------------------------------------------------------------
+    def weights(self) -> dict[str, torch.Tensor]:
+        return _to(self.learner.model.state_dict(), "cpu")
+
+    def load_weights(self, weights: Mapping[str, Any]) -> None:
+        self.learner.model.load_state_dict(weights)
+
+    def state_dict(self) -> dict[str, Any]:
+        return _to(self.learner.state_dict(), "cpu")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.learner.load_state_dict(state)
+
+    def digest(self) -> str:
+        """A hash of every parameter's bytes: equal on all ranks iff the replicas are identical."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for p in self.learner.model.parameters():
+            h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    # -- tests -------------------------------------------------------------------------------------
+    def stall_next_call(self, seconds: float) -> None:
+        """Test hook: the next prepare/update first sleeps `seconds` (a hung rank)."""
+        self._stall_s = seconds
+
+    def _stall(self) -> None:
+        if self._stall_s:
+            seconds, self._stall_s = self._stall_s, 0.0
+            time.sleep(seconds)
+
+
+def shard_rows(group_index: torch.Tensor, num_ranks: int) -> list[torch.Tensor]:
+    """Row indices for each rank: contiguous runs of whole groups, near-equal in group count."""
+    groups = list(dict.fromkeys(group_index.tolist()))  # first-seen order
+    if len(groups) < num_ranks:
+        raise ValueError(
+            f"the batch has {len(groups)} groups but there are {num_ranks} learner ranks; "
+            "each rank needs at least one whole group (raise rollout.prompts_per_step)"
+        )
+    out = []
+    for ids in split_groups(len(groups), num_ranks):
+        members = torch.tensor([groups[i] for i in ids])
+        out.append(torch.isin(group_index, members).nonzero().squeeze(1))
+    return out
+
+
+def gather_shards(parts: Sequence[Batch], rows: Sequence[torch.Tensor], total: int) -> Batch:
+    """The scored shards put back into one batch in the original row order."""
+    order = torch.cat(list(rows))
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(total)
+    out: Batch = {}
+    for key, value in parts[0].items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            out[key] = torch.cat([p[key] for p in parts])[inverse]
+        else:
+            out[key] = value
+    return out
+
+
+def reduce_update_metrics(
+    results: Sequence[tuple[dict[str, float], list[tuple[int, dict[str, float]]]]],
+) -> dict[str, float]:
+    """One set of update metrics from every rank's: per optimiser step, sums for SUMMED, max/min for
+    EXTREMES, token-weighted means for the rest, then the mean over steps; grad/ and perf/ metrics are
+    identical on every rank (the gradients were summed before clipping), so rank 0's are taken.
+
+    This equals the single-process values when that process runs each minibatch as one micro-batch;
+    with several micro-batches per minibatch the single process reports the mean over micro-batches
+    of partial sums (the loss divided by their number), the ranks the minibatch's actual loss.
+    """
+    by_step: dict[int, list[dict[str, float]]] = defaultdict(list)
+    for _, records in results:
+        for step, record in records:
+            by_step[step].append(record)
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for step in sorted(by_step):
+        records = by_step[step]
+        for key in dict.fromkeys(k for r in records for k in r):
+            values = [(r[key], r["losses/n_tokens"]) for r in records if key in r]
+            if key in SUMMED:
+                value = sum(v for v, _ in values)
+            elif key in EXTREMES:
+                with_tokens = [v for v, n in values if n > 0] or [v for v, _ in values]
+                value = EXTREMES[key](with_tokens)
+            else:
+                tokens = sum(n for _, n in values)
+                value = sum(v * n for v, n in values) / tokens if tokens else 0.0
+            sums[key] += value
+            counts[key] += 1
+    metrics = {k: sums[k] / counts[k] for k in sums}
+    metrics.update({k: v for k, v in results[0][0].items() if not k.startswith("losses/")})
+    return metrics
+
+
+class RayLearner:
+    """The driver's handle on N learner ranks, with the Learner interface the trainer uses."""
+
+    def __init__(self, spec: LearnerSpec, num_ranks: int, weights: Mapping[str, Any]) -> None:
+        if num_ranks < 1:
+            raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
+        self.ray = import_ray()
+        if not self.ray.is_initialized():
+            raise RuntimeError("RayLearner needs a Ray connection; call ensure_ray() or ray.init() first")
+        self.spec = spec
+        self.timeout_s = spec.timeout_s
+        actor = self.ray.remote(num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, max_restarts=0)(LearnerRank)
+        ref = self.ray.put(_to(dict(weights), "cpu"))
+        self.ranks: list[Any] = [actor.remote(spec, r, num_ranks, ref) for r in range(num_ranks)]
+        # Rank 0 picks the rendezvous port on its own node; every rank then joins (blocks until all have).
+        (host, port) = self._gather([self.ranks[0].rendezvous_address.remote()], [0], "start")[0]
+        self._gather([r.init_process_group.remote(host, port) for r in self.ranks], None, "join the group")
+        log.info("%d learner ranks joined at %s:%d", num_ranks, host, port)
+
+    @classmethod
+    def from_config(cls, cfg: Config, model_path: Any, weights: Mapping[str, Any]) -> RayLearner:
+        """`cfg.scale.learner_workers` ranks (connecting to `cfg.scale.address` or starting a local Ray)."""
+        scale = cfg.scale
+        ensure_ray(scale.address, min_cpus=ray_cpus_wanted(scale))
+        on_gpu = cfg.model.device.startswith("cuda")
+        spec = LearnerSpec(
+            model_path=str(model_path),
+            algo=cfg.algo,
+            train=cfg.train,
+            temperature=cfg.rollout.temperature,
+            dtype=cfg.model.dtype,
+            device="cuda" if on_gpu else "cpu",
+            num_gpus=1.0 if on_gpu else 0.0,
+            torch_threads=cfg.model.cpu_threads,
+            timeout_s=scale.learner_timeout_s,
+        )
+        return cls(spec, scale.learner_workers, weights)
+
+    # -- calls with a deadline ---------------------------------------------------------------------
+    def _wait(self, refs: list[Any], ranks: list[int] | None, what: str) -> None:
+        """Wait for every call up to the deadline, without fetching results; a late rank shuts the
+        ranks down and raises LearnerRankError."""
+        _, pending = self.ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s, fetch_local=False)
+        if pending:
+            late = [rank for rank, ref in zip(ranks or range(len(refs)), refs) if ref in pending]
+            self.shutdown()
+            raise LearnerRankError(
+                f"learner rank(s) {late} did not answer within {self.timeout_s:g}s ({what}). A rank cannot "
+                "be replaced mid-update (it holds its shard and the others wait for it in all-reduce), so "
+                "the step fails and the ranks were shut down; resume from the last checkpoint. The "
+                "deadline is scale.learner_timeout_s."
+            )
+
+    def _gather(self, refs: list[Any], ranks: list[int] | None, what: str) -> list[Any]:
+        """The calls' results, within the deadline; a rank that died or raised shuts the ranks down."""
+        from ray.exceptions import RayActorError, RayTaskError
+
+        self._wait(refs, ranks, what)
+        try:
+            return self.ray.get(refs)
+        except (RayActorError, RayTaskError) as err:
+            self.shutdown()
+            raise LearnerRankError(
+                f"a learner rank failed ({what}); the ranks were shut down: {err}"
+            ) from err
+
+    # -- the Learner interface ---------------------------------------------------------------------
+    def step(self, batch: Batch, *, diagnose: bool = False) -> tuple[Batch, dict[str, float]]:
+        """Score, estimate advantages and update on the ranks; the scored batch and one set of metrics."""
+        if not self.ranks:
+            raise LearnerRankError("the learner ranks were shut down (an earlier failure); resume the run")
+        total = len(batch["input_ids"])
+        rows = shard_rows(batch["group_index"], len(self.ranks))
+        refs = [r.prepare.remote(_rows(batch, idx), idx, total) for r, idx in zip(self.ranks, rows)]
+        scored = gather_shards(self._gather(refs, None, "score"), rows, total)
+        metrics = step_metrics(scored)
+        if diagnose:
+            metrics.update(self._gather([self.ranks[0].diagnose.remote(scored)], [0], "diagnose")[0])
+        results = self._gather([r.update.remote() for r in self.ranks], None, "update")
+        metrics.update(reduce_update_metrics(results))
+        return scored, metrics
+
+    def weights_ref(self) -> Any:
+        """Rank 0's current weights as an object-store reference (for RayRollout.update_weights):
+        the rollout workers fetch them from rank 0's node without a round trip through the driver."""
+        ref = self.ranks[0].weights.remote()
+        self._wait([ref], [0], "weights")
+        return ref
+
+    def load_weights(self, weights: Mapping[str, Any]) -> None:
+        """Set the policy weights on every rank, optimiser untouched (after the driver's warm-up)."""
+        ref = self.ray.put(_to(dict(weights), "cpu"))
+        self._gather([r.load_weights.remote(ref) for r in self.ranks], None, "load weights")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Rank 0's learner state, in the in-process Learner's format (so checkpoints stay the same)."""
+        return self._gather([self.ranks[0].state_dict.remote()], [0], "state_dict")[0]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load one learner state (any learner_workers wrote it) into every rank."""
+        ref = self.ray.put(state)
+        self._gather([r.load_state_dict.remote(ref) for r in self.ranks], None, "load_state_dict")
+
+    def digests(self) -> list[str]:
+        """Per-rank parameter hashes (all equal while the replicas are in sync)."""
+        return self._gather([r.digest.remote() for r in self.ranks], None, "digest")
+
+    def shutdown(self) -> None:
+        for r in self.ranks:
+            try:
+                self.ray.kill(r, no_restart=True)
+            except Exception:  # already gone
+                pass
+        self.ranks = []
