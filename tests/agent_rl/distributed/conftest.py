@@ -22,10 +22,11 @@ def import_ray_or_skip() -> Any:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Any]:
-    """2 logical CPUs, no dashboard, a 200 MB object store: the machine is small and shared."""
+    """4 logical CPUs (2 rollout workers + 2 learner ranks reserve one each; the machine may have
+    fewer cores), no dashboard, a 200 MB object store: the machine is small and shared."""
     ray = import_ray_or_skip()
     ray.init(
-        num_cpus=2,
+        num_cpus=4,
         include_dashboard=False,
         object_store_memory=200 * 1024 * 1024,
         log_to_driver=False,

@@ -1,14 +1,17 @@
-"""Rollout workers on a local Ray cluster (loopback, 2 logical CPUs): training parity, a worker
-killed mid-collect, and sandbox back-pressure through the shared pool.
+"""Rollout workers (and learner ranks) on a local Ray cluster (loopback, 4 logical CPUs): training
+parity with 1 or 2 learner ranks, resume onto learner ranks, a worker killed or hung mid-collect,
+and sandbox back-pressure through the shared pool.
 
 Tolerance for parity: sampled tokens, rewards and every env/ and tokens/ metric are equal; the
 log-probs a worker reports differ from the in-process engine's by float rounding only (the
-batch shapes and thread counts differ), so losses/grad metrics are compared at rel 1e-4.
+batch shapes and thread counts differ, and two learner ranks sum two partial gradients), so
+losses/grad metrics are compared at rel 1e-4 and checkpointed weights at max |diff| <= 1e-5.
 """
 
 from __future__ import annotations
 
 import math
+import shutil
 import subprocess
 import sys
 import threading
@@ -81,6 +84,9 @@ def _assert_same(ray_trajs: list[Any], local_trajs: list[Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------------- parity
+RAY_TRAIN = ["scale.backend=ray", "scale.rollout_workers=2"]
+
+
 def _train(tiny_model_dir: Path, out: Path, name: str, extra: list[str]) -> tuple[dict, dict]:
     cfg = build_config(
         {},
@@ -96,9 +102,12 @@ def _train(tiny_model_dir: Path, out: Path, name: str, extra: list[str]) -> tupl
     trainer = Trainer(cfg)
     try:
         summary = trainer.fit()
+        if hasattr(trainer.learner, "digests"):
+            assert len(set(trainer.learner.digests())) == 1, "the learner replicas drifted apart"
     finally:
-        if hasattr(trainer.engine, "shutdown"):
-            trainer.engine.shutdown()
+        for part in (trainer.engine, trainer.learner):
+            if hasattr(part, "shutdown"):
+                part.shutdown()
     rows = {
         r["step"]: {k: v for k, v in r.items() if k.startswith(COMPARED_PREFIXES)}
         for r in read_metrics(out / name)
@@ -107,13 +116,16 @@ def _train(tiny_model_dir: Path, out: Path, name: str, extra: list[str]) -> tupl
     return rows, summary
 
 
-def test_ray_training_matches_in_process(ray_cluster: Any, tiny_model_dir: Path, tmp_path: Path) -> None:
-    local, local_summary = _train(tiny_model_dir, tmp_path, "local", [])
-    remote, remote_summary = _train(
-        tiny_model_dir, tmp_path, "ray", ["scale.backend=ray", "scale.rollout_workers=2"]
-    )
-    assert sorted(remote) == sorted(local) == [1, 2]
-    for step in local:
+@pytest.fixture(scope="module")
+def in_process_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
+    """The reference: the same 2 steps entirely in this process (checkpoints after each step)."""
+    out = tmp_path_factory.mktemp("in_process")
+    rows, summary = _train(tiny_model_dir, out, "local", ["train.checkpoint_every=1"])
+    return out / "local", rows, summary
+
+
+def _assert_metrics_match(remote: dict, local: dict) -> None:
+    for step in remote:
         assert set(remote[step]) == set(local[step])
         for key, want in local[step].items():
             got = remote[step][key]
@@ -121,9 +133,46 @@ def test_ray_training_matches_in_process(ray_cluster: Any, tiny_model_dir: Path,
                 assert got == want, (step, key, got, want)
             else:
                 assert math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-6), (step, key, got, want)
+
+
+def _model_state(run: Path, step: int) -> dict[str, Any]:
+    import torch
+
+    return torch.load(run / "checkpoints" / f"step_{step:06d}" / "state.pt", weights_only=False)["learner"]
+
+
+@pytest.mark.parametrize("learner_workers", [1, 2])
+def test_ray_training_matches_in_process(
+    ray_cluster: Any, tiny_model_dir: Path, tmp_path: Path, in_process_run: tuple, learner_workers: int
+) -> None:
+    local_run, local, local_summary = in_process_run
+    remote, remote_summary = _train(
+        tiny_model_dir, tmp_path, "ray", [*RAY_TRAIN, f"scale.learner_workers={learner_workers}"]
+    )
+    assert sorted(remote) == sorted(local) == [1, 2]
+    _assert_metrics_match(remote, local)
     for phase in ("eval_before", "eval_after"):
         assert remote_summary[phase] == local_summary[phase]
     assert remote_summary["eval_after"]["eval/infra_errors"] == 0
+    # The same checkpoint format (rank 0's learner state with ranks) holding the same weights.
+    want, got = _model_state(local_run, 2), _model_state(tmp_path / "ray", 2)
+    assert set(got) == set(want) and set(got["model"]) == set(want["model"])
+    assert got["scheduler"] == want["scheduler"]
+    diff = max((got["model"][k] - v).abs().max().item() for k, v in want["model"].items())
+    assert diff <= 1e-5, diff
+
+
+def test_resume_onto_learner_ranks_from_an_in_process_checkpoint(
+    ray_cluster: Any, tiny_model_dir: Path, tmp_path: Path, in_process_run: tuple
+) -> None:
+    """learner_workers may change across a resume: every rank loads the one saved learner state."""
+    local_run, local, _ = in_process_run
+    ckpt = "checkpoints/step_000001"
+    shutil.copytree(local_run / ckpt, tmp_path / "resumed" / ckpt)
+    rows, summary = _train(tiny_model_dir, tmp_path, "resumed", [*RAY_TRAIN, "scale.learner_workers=2"])
+    assert summary["resumed_from_step"] == 1
+    assert sorted(rows) == [2]
+    _assert_metrics_match(rows, local)
 
 
 # ---------------------------------------------------------------------------------------- faults
@@ -180,6 +229,43 @@ def test_worker_killed_mid_collect_is_replaced_and_nothing_is_lost(
         assert all(t.infra_error is None and t.response_ids for t in trajs[:4])
         assert collector.last_stats.lost_episodes == 4
         assert rollout.worker_versions() == [3, 3]
+    finally:
+        rollout.shutdown()
+
+
+def test_hung_worker_is_killed_at_the_deadline_and_its_shard_rerun(
+    ray_cluster: Any, tiny_model_dir: Path
+) -> None:
+    rollout, _, _ = _rollout(["scale.rollout_workers=2"], tiny_model_dir)
+    try:
+        collector = rollout.collector(_collector_config())
+        started = time.monotonic()
+        expected = collector.collect(_tasks(6), 2, seed=21)  # no fault: the reference
+        # The deadline: well above a normal shard on this (shared, loaded) machine, yet short.
+        rollout.worker_timeout_s = timeout = max(10.0, 3 * (time.monotonic() - started))
+        hung_id = rollout.worker_ids[0]
+        rollout.workers[0].stall_next_collect.remote(3600)  # alive, but never answers
+        started = time.monotonic()
+        trajs = collector.collect(_tasks(6), 2, seed=21)
+        elapsed = time.monotonic() - started
+
+        stats = collector.last_stats
+        assert stats.worker_timeouts == 1 and stats.worker_restarts == 1
+        assert stats.rerun_episodes == 6 and stats.lost_episodes == 0
+        assert timeout <= elapsed < 2 * timeout + 30, (elapsed, timeout)
+        assert rollout.worker_ids[0] != hung_id
+        _assert_same(trajs, expected)  # the shard re-ran on the healthy worker: nothing lost or changed
+
+        # With no attempt left, the hung worker's shard comes back flagged, like a death; the
+        # replacement (perhaps still loading its model: it gets one more deadline) runs its shard.
+        rollout.max_attempts = 1
+        rollout.workers[1].stall_next_collect.remote(3600)
+        trajs = collector.collect(_tasks(4), 2, seed=23)
+        lost = [t for t in trajs if t.infra_error]
+        assert [t.group_id for t in lost] == [2, 2, 3, 3]
+        assert all(f"no answer within {timeout:g}s" in t.infra_error for t in lost)
+        assert all(t.infra_error is None and t.response_ids for t in trajs[:4])
+        assert collector.last_stats.lost_episodes == 4 and collector.last_stats.worker_timeouts == 1
     finally:
         rollout.shutdown()
 

@@ -1,11 +1,8 @@
-"""Driver-side pieces that need no cluster: sharding and config checks."""
+"""Driver-side rollout pieces that need no cluster: sharding."""
 
 from __future__ import annotations
 
-import pytest
-
-from agent_rl.config import build_config
-from agent_rl.distributed.rollout import RayRollout, split_groups
+from agent_rl.distributed.rollout import split_groups
 
 
 def test_split_groups_contiguous_and_complete() -> None:
@@ -16,9 +13,3 @@ def test_split_groups_contiguous_and_complete() -> None:
             shards = split_groups(b, w)
             assert [g for s in shards for g in s] == list(range(b))
             assert all(shards) and max(map(len, shards)) - min(map(len, shards)) <= 1
-
-
-def test_learner_workers_above_one_is_a_clear_error() -> None:
-    cfg = build_config({}, ["scale.backend=ray", "scale.learner_workers=2"])
-    with pytest.raises(NotImplementedError, match="learner_workers"):
-        RayRollout.from_config(cfg, "/nonexistent")

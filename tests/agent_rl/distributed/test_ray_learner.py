@@ -1,0 +1,106 @@
+"""Learner ranks on a local Ray cluster (loopback, gloo, CPU): two ranks take exactly the optimiser
+step of one in-process Learner on the whole batch, and a rank that hangs fails the step in time.
+
+Tolerance: the ranks run different batch shapes and sum two partial gradients, so results differ
+from the single process by float32 rounding only; we require max |param diff| <= 1e-5 after two
+steps (observed ~1e-6: AdamW's per-element normalisation amplifies rounding on tiny gradients)
+and rel 1e-5 on the metrics.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from agent_rl.config import AlgoConfig, TrainConfig  # noqa: E402
+from agent_rl.learner import Learner  # noqa: E402
+from agent_rl.tiny_model import load_model_and_tokenizer  # noqa: E402
+from tests.agent_rl.test_learner import make_batch  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# Four 2-row minibatches x 2 epochs and 1-row micro-batches on the ranks: a rank accumulates several
+# micro-batches per optimiser step and, with this seed, holds no row at all of some minibatches.
+RANK_ALGO = AlgoConfig(
+    micro_batch_size=1,
+    minibatches=4,
+    ppo_epochs=2,
+    loss_agg="seq-mean-token-mean",
+    kl_coef=0.05,
+    entropy_coef=0.01,
+)
+# The single process runs each minibatch as one micro-batch, so its losses/ metrics are the
+# minibatch's (see reduce_update_metrics); the gradient does not depend on micro-batching.
+LOCAL_ALGO = RANK_ALGO.model_copy(update={"micro_batch_size": 8})
+TRAIN = TrainConfig(lr=1e-3, seed=0, warmup_lr_steps=3)
+GROUPS = [0, 0, 1, 1, 1, 2, 2, 2]  # 3 groups of unequal size: rank 0 gets rows 0-4, rank 1 rows 5-7
+BATCHES = [
+    make_batch([1, 0, 0, 1, 1, 0, 0, 1], GROUPS, seed=0),
+    make_batch([0, 1, 1, 1, 0, 1, 0, 0], GROUPS, seed=1),
+]
+
+
+@pytest.fixture(scope="module")
+def ranks(ray_cluster: Any, tiny_model_dir: Path) -> Iterator[Any]:
+    """Two learner ranks from the tiny model's weights (the last test of this module kills them)."""
+    from agent_rl.distributed.learner import LearnerSpec, RayLearner
+
+    model, _ = load_model_and_tokenizer(tiny_model_dir)
+    spec = LearnerSpec(model_path=str(tiny_model_dir), algo=RANK_ALGO, train=TRAIN, timeout_s=300)
+    learner = RayLearner(spec, 2, model.state_dict())
+    yield learner
+    learner.shutdown()
+
+
+def test_two_ranks_take_the_single_process_step(ranks: Any, tiny_model_dir: Path) -> None:
+    model, _ = load_model_and_tokenizer(tiny_model_dir)
+    ref = copy.deepcopy(model).eval().requires_grad_(False)
+    local = Learner(model, LOCAL_ALGO, TRAIN, ref_model=ref)
+
+    # The case this test must cover: some global minibatch holds no row of a rank.
+    gen = torch.Generator().manual_seed(TRAIN.seed)
+    minibatches = [
+        set(mb.tolist()) for _ in range(2) for mb in torch.randperm(8, generator=gen).tensor_split(4)
+    ]
+    assert any(mb <= {0, 1, 2, 3, 4} or mb <= {5, 6, 7} for mb in minibatches)
+
+    before = torch.cat([p.detach().flatten() for p in model.parameters()])
+    for i, batch in enumerate(BATCHES):
+        scored_local, want = local.step(batch, diagnose=i == 1)
+        scored_ranks, got = ranks.step(batch, diagnose=i == 1)
+        assert torch.allclose(scored_ranks["advantages"], scored_local["advantages"], atol=1e-6)
+        assert set(got) == set(want)
+        for key, value in want.items():
+            assert math.isclose(got[key], value, rel_tol=1e-5, abs_tol=1e-6), (i, key, got[key], value)
+
+    state = ranks.state_dict()
+    assert set(state) == set(local.state_dict())  # the in-process checkpoint format
+    diff = max((state["model"][k] - v).abs().max().item() for k, v in model.state_dict().items())
+    moved = (torch.cat([p.detach().flatten() for p in model.parameters()]) - before).abs().max().item()
+    assert diff <= 1e-5 < moved, (diff, moved)
+    assert state["scheduler"] == local.scheduler.state_dict()
+    assert torch.equal(state["generator"], local.generator.get_state())
+    digests = ranks.digests()
+    assert len(digests) == 2 and digests[0] == digests[1], "the replicas drifted apart"
+
+
+def test_a_hung_rank_fails_the_step_within_the_deadline(ranks: Any) -> None:
+    from agent_rl.distributed.learner import LearnerRankError
+
+    ranks.timeout_s = 5.0
+    ranks.ranks[1].stall_next_call.remote(3600)
+    started = time.monotonic()
+    with pytest.raises(LearnerRankError, match=r"rank\(s\) \[1\] did not answer within 5s \(score\)"):
+        ranks.step(BATCHES[0])
+    assert time.monotonic() - started < 60
+    assert ranks.ranks == []  # shut down: a rank cannot be replaced mid-update
+    with pytest.raises(LearnerRankError, match="shut down"):
+        ranks.step(BATCHES[0])
