@@ -1,15 +1,34 @@
 """A pool of pre-started workers, so a new session costs a pop from a list, not a process start.
 
-Workers with the default per-session limits are started ahead of time by a filler thread. Sessions
-that ask for other session limits start their own worker on demand. Dead workers are killed and
-reaped on a reaper thread so that a one-shot execution does not wait for clean-up.
+Workers with the default per-session limits are started ahead of time by filler threads. Sessions
+that ask for other session limits start their own worker on demand. Dead and used workers are
+killed and reaped on a reaper thread so that a one-shot execution does not wait for clean-up.
+
+Every one-shot execution consumes a worker, so under a stream of one-shots the pool is only as
+good as its refill. Two things keep it ahead of demand:
+
+* Several workers start at once (``max_starting``, by default one per CPU, at least 2): a start
+  is CPU work (namespaces, then an interpreter booting), so one filler would leave cores idle.
+* The target size adapts. It is ``size`` at rest and grows with the recent rate of acquisitions
+  times the time a start takes (Little's law: the workers used up while one is starting), doubled
+  for bursts, up to ``max_size``. It shrinks back when demand stops; surplus warm workers are
+  retired after ``idle_retire_s``.
+
+When the pool is empty, ``acquire`` waits for the next worker the fillers start rather than
+starting one more itself: under overload that keeps the number of concurrent starts bounded,
+which is what keeps latency bounded. If the fillers fail (a broken launcher), it starts one
+itself so that the caller gets the real error.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
+import math
+import os
 import queue
 import threading
+import time
 
 from sandbox.launcher import Launcher, WorkerProcess
 from sandbox.limits import Limits
@@ -17,84 +36,159 @@ from sandbox.result import SandboxUnavailable
 
 log = logging.getLogger("sandbox")
 
+DEMAND_WINDOW_S = 5.0
+"""Acquisitions counted for the demand rate: long enough to smooth, short enough to follow."""
+
 
 class WorkerPool:
-    def __init__(self, launcher: Launcher, limits: Limits, size: int) -> None:
+    def __init__(
+        self,
+        launcher: Launcher,
+        limits: Limits,
+        size: int,
+        *,
+        max_size: int | None = None,
+        max_starting: int | None = None,
+        idle_retire_s: float = 30.0,
+    ) -> None:
         self.launcher = launcher
         self.limits = limits
         self.size = max(0, size)
-        self._ready: list[WorkerProcess] = []
+        self.max_size = max(self.size, 4 * self.size if max_size is None else max_size)
+        self.max_starting = max(1, max_starting or max(2, os.cpu_count() or 1))
+        self.idle_retire_s = idle_retire_s
+        self._ready: collections.deque[tuple[float, WorkerProcess]] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._starting = 0
+        self._waiting = 0
+        self._demand: collections.deque[float] = collections.deque()
+        self._start_s = 0.1  # moving average of how long a worker takes to start
+        self._failed_at = 0.0
         self.spawn_failures = 0
         self.last_error: str | None = None
         self._reap_q: queue.Queue[WorkerProcess | None] = queue.Queue()
         self._reaper = threading.Thread(target=self._reap_loop, name="sandbox-reaper", daemon=True)
         self._reaper.start()
-        self._filler = threading.Thread(target=self._fill_loop, name="sandbox-pool", daemon=True)
-        self._filler.start()
+        self._fillers = [
+            threading.Thread(target=self._fill_loop, name=f"sandbox-pool-{i}", daemon=True)
+            for i in range(self.max_starting if self.size else 0)
+        ]
+        for t in self._fillers:
+            t.start()
+
+    # -- sizing -----------------------------------------------------------------------------
+    @property
+    def target(self) -> int:
+        """Warm workers wanted now: ``size``, more while demand is high, never above ``max_size``."""
+        if not self.size:
+            return 0
+        now = time.monotonic()
+        while self._demand and self._demand[0] < now - DEMAND_WINDOW_S:
+            self._demand.popleft()
+        rate = len(self._demand) / DEMAND_WINDOW_S
+        return min(self.max_size, max(self.size, math.ceil(2 * rate * self._start_s)))
+
+    def _note_demand(self) -> None:
+        self._demand.append(time.monotonic())
+
+    def _wanted(self) -> int:
+        """Workers to start now (call with the lock held): the shortfall, waiters included."""
+        short = self.target + self._waiting - len(self._ready) - self._starting
+        return min(short, self.max_starting - self._starting)
 
     # -- filling ----------------------------------------------------------------------------
     def _fill_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and len(self._ready) >= self.size:
-                    self._cond.wait()
+                while not self._closed and self._wanted() <= 0:
+                    self._cond.wait(self.idle_retire_s / 2)
+                    self._retire_surplus()
                 if self._closed:
                     return
+                self._starting += 1
+            t0 = time.monotonic()
             try:
                 worker = self.launcher.spawn(self.limits)
             except Exception as e:
-                self.spawn_failures += 1
-                self.last_error = str(e)
-                log.error("sandbox/pool: cannot start a worker: %s", e)
                 with self._cond:
+                    self._starting -= 1
+                    self.spawn_failures += 1
+                    self.last_error = str(e)
+                    self._failed_at = time.monotonic()
+                    self._cond.notify_all()  # waiters start their own worker and see the error
+                    log.error("sandbox/pool: cannot start a worker: %s", e)
                     self._cond.wait(1.0)  # do not spin on a broken launcher
                 continue
             with self._cond:
+                self._starting -= 1
+                self._start_s = 0.8 * self._start_s + 0.2 * (time.monotonic() - t0)
                 if self._closed:
                     self._reap_q.put(worker)
                     return
-                self._ready.append(worker)
+                self._ready.append((time.monotonic(), worker))
                 self._cond.notify_all()
+
+    def _retire_surplus(self) -> None:
+        """Kill warm workers beyond the target that have waited ``idle_retire_s`` (lock held)."""
+        now = time.monotonic()
+        while len(self._ready) > self.target and now - self._ready[0][0] > self.idle_retire_s:
+            self._reap_q.put(self._ready.popleft()[1])
 
     @property
     def ready_count(self) -> int:
         return len(self._ready)
 
     def wait_ready(self, n: int | None = None, timeout_s: float = 30.0) -> bool:
-        """Block until ``n`` (default: all) warm workers exist; for start-up and benchmarks."""
+        """Block until ``n`` (default: ``size``) warm workers exist; for start-up and benchmarks."""
         want = self.size if n is None else n
         with self._cond:
             return self._cond.wait_for(lambda: len(self._ready) >= want or self._closed, timeout_s)
 
+    # -- handing out ------------------------------------------------------------------------
+    def _pop(self) -> WorkerProcess | None:
+        """A live warm worker, or None (lock held). Dead ones go to the reaper."""
+        while self._ready:
+            worker = self._ready.pop()[1]  # the most recently started: the least likely to be dead
+            if worker.alive():
+                self._cond.notify_all()  # the fillers may start its replacement
+                return worker
+            self._reap_q.put(worker)
+        return None
+
     def try_acquire(self, limits: Limits | None = None) -> WorkerProcess | None:
-        """A warm worker at once, or None (then call ``acquire`` on a thread: it may start one)."""
+        """A warm worker at once, or None (then call ``acquire`` on a thread: it may wait)."""
         limits = limits or self.limits
         if self._closed or limits.session_key() != self.limits.session_key():
             return None
         with self._cond:
-            while self._ready:
-                worker = self._ready.pop()
-                self._cond.notify_all()
-                if worker.alive():
-                    return worker
-                self._reap_q.put(worker)
-        return None
+            worker = self._pop()
+            if worker is not None:
+                self._note_demand()
+            return worker
 
     def acquire(self, limits: Limits | None = None) -> WorkerProcess:
         limits = limits or self.limits
         if self._closed:
             raise SandboxUnavailable("the sandbox is shut down")
-        if limits.session_key() == self.limits.session_key():
+        if limits.session_key() == self.limits.session_key() and self._fillers:
             with self._cond:
-                while self._ready:
-                    worker = self._ready.pop()
-                    self._cond.notify_all()
-                    if worker.alive():
+                self._note_demand()
+                asked = time.monotonic()
+                while True:
+                    worker = self._pop()
+                    if worker is not None:
                         return worker
-                    self._reap_q.put(worker)
-                self._cond.notify_all()
+                    if self._closed:
+                        raise SandboxUnavailable("the sandbox is shut down")
+                    if self._failed_at >= asked - 1.0:
+                        break  # the fillers are failing: start one here to surface the error
+                    self._waiting += 1
+                    self._cond.notify_all()
+                    try:
+                        self._cond.wait(1.0)
+                    finally:
+                        self._waiting -= 1
         return self.launcher.spawn(limits)
 
     # -- clean-up ---------------------------------------------------------------------------
@@ -114,9 +208,11 @@ class WorkerPool:
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            ready, self._ready = self._ready, []
+            ready = [w for _, w in self._ready]
+            self._ready.clear()
             self._cond.notify_all()
-        self._filler.join(timeout=30)
+        for t in self._fillers:
+            t.join(timeout=30)
         for worker in ready:
             worker.kill()
         self._reap_q.put(None)

@@ -1,0 +1,126 @@
+"""WorkerPool's refill policy, with a fake launcher: concurrency, adaptive size, waiting, failures."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from sandbox.limits import DEFAULT_LIMITS
+from sandbox.pool import WorkerPool
+from sandbox.result import SandboxUnavailable
+
+
+class FakeWorker:
+    def __init__(self) -> None:
+        self.killed = False
+
+    def alive(self) -> bool:
+        return not self.killed
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+class FakeLauncher:
+    """Starts take ``start_s``; records how many ran at once; can be made to fail."""
+
+    def __init__(self, start_s: float = 0.05) -> None:
+        self.start_s = start_s
+        self.fail: Exception | None = None
+        self.running = 0
+        self.most_at_once = 0
+        self.started = 0
+        self._lock = threading.Lock()
+
+    def spawn(self, limits: object) -> FakeWorker:
+        if self.fail is not None:
+            raise self.fail
+        with self._lock:
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        time.sleep(self.start_s)
+        with self._lock:
+            self.running -= 1
+            self.started += 1
+        return FakeWorker()
+
+
+def wait_for(cond, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_fills_to_size_with_concurrent_starts() -> None:
+    launcher = FakeLauncher(start_s=0.1)
+    pool = WorkerPool(launcher, DEFAULT_LIMITS, 4, max_starting=4)  # type: ignore[arg-type]
+    try:
+        assert pool.wait_ready(timeout_s=5)
+        assert launcher.most_at_once == 4  # not one at a time
+        time.sleep(0.2)
+        assert pool.ready_count == 4  # and no more than asked for while idle
+    finally:
+        pool.close()
+
+
+def test_target_grows_with_demand_and_shrinks_back() -> None:
+    launcher = FakeLauncher(start_s=0.05)
+    pool = WorkerPool(launcher, DEFAULT_LIMITS, 2, max_size=8, idle_retire_s=0.3)  # type: ignore[arg-type]
+    try:
+        assert pool.wait_ready(timeout_s=5)
+        assert pool.target == 2
+        for _ in range(100):  # 100 acquisitions in well under a second: 20/s over the window
+            pool.release(pool.acquire())
+        assert pool.target > 2
+        assert wait_for(lambda: pool.ready_count > 2)  # it keeps more warm workers
+        pool._demand.clear()  # demand stops
+        assert pool.target == 2
+        assert wait_for(lambda: pool.ready_count == 2)  # surplus retired after idle_retire_s
+    finally:
+        pool.close()
+
+
+def test_an_empty_pool_hands_waiters_the_next_started_worker() -> None:
+    launcher = FakeLauncher(start_s=0.05)
+    pool = WorkerPool(launcher, DEFAULT_LIMITS, 1, max_starting=2)  # type: ignore[arg-type]
+    try:
+        got: list[FakeWorker] = []
+        threads = [threading.Thread(target=lambda: got.append(pool.acquire())) for _ in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert len(got) == 10 and len({id(w) for w in got}) == 10
+        assert launcher.most_at_once <= 2  # waiting, not one start per caller
+    finally:
+        pool.close()
+
+
+def test_a_failing_launcher_surfaces_its_error_instead_of_hanging() -> None:
+    launcher = FakeLauncher()
+    launcher.fail = SandboxUnavailable("cannot start a sandbox worker: no bwrap")
+    pool = WorkerPool(launcher, DEFAULT_LIMITS, 2)  # type: ignore[arg-type]
+    try:
+        t = time.monotonic()
+        with pytest.raises(SandboxUnavailable, match="no bwrap"):
+            pool.acquire()
+        assert time.monotonic() - t < 3
+        assert pool.spawn_failures >= 1 and "no bwrap" in (pool.last_error or "")
+    finally:
+        pool.close()
+
+
+def test_other_limits_and_a_zero_size_pool_start_their_own_worker() -> None:
+    launcher = FakeLauncher(start_s=0.0)
+    pool = WorkerPool(launcher, DEFAULT_LIMITS, 0)  # type: ignore[arg-type]
+    try:
+        assert pool.acquire() is not None and pool.ready_count == 0 and pool.target == 0
+        other = DEFAULT_LIMITS.updated({"memory_mb": 256}, DEFAULT_LIMITS)
+        assert pool.try_acquire(other) is None and pool.acquire(other) is not None
+    finally:
+        pool.close()
