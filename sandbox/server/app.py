@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sandbox.limits import PER_EXECUTION, LimitError
 from sandbox.local import LocalSandbox, LocalSession
 from sandbox.result import ExecResult, SandboxUnavailable
+from sandbox.server import fastpath
 from sandbox.server.fusion import fusion_response
 from sandbox.server.schemas import (
     BatchIn,
@@ -270,6 +271,7 @@ def create_app(settings: SandboxSettings | None = None, *, sandbox: LocalSandbox
     app.include_router(v1)
     app.include_router(fusion)
     app.include_router(ops)
+    fastpath.install(app)
     _install_handlers(app, settings)
     return app
 

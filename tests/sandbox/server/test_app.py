@@ -190,3 +190,42 @@ def test_oversized_body_is_refused_before_it_is_read(box: LocalSandbox) -> None:
         r = api.post("/v1/execute", content=big, headers={"content-type": "application/json"})
         assert r.status_code == 413 and "request body too large" in r.json()["detail"]
         assert api.get("/healthz").status_code == 200
+
+
+def test_session_execute_fast_path_agrees_with_the_full_route(box: LocalSandbox, monkeypatch) -> None:
+    """Plain requests skip FastAPI's machinery (server/fastpath.py); anything else must not."""
+    from sandbox.server import fastpath
+
+    delegated: list[bytes] = []
+    full_route = fastpath._FastSessionExecute._delegate
+
+    async def counting(self, scope, receive, send, body):  # type: ignore[no-untyped-def]
+        delegated.append(body)
+        await full_route(self, scope, receive, send, body)
+
+    monkeypatch.setattr(fastpath._FastSessionExecute, "_delegate", counting)
+    with make_client(box, max_code_bytes=4096, auth_token="tok") as c:
+        auth = {"Authorization": "Bearer tok"}
+        sid = c.post("/v1/sessions", json={}, headers=auth).json()["id"]
+        url = f"/v1/sessions/{sid}/execute"
+        plain = c.post(url, json={"code": "x = 6\nx * 7", "limits": {}, "timeout_s": 5}, headers=auth)
+        assert delegated == []
+        coerced = c.post(url, json={"code": "x * 7", "want_value": 1}, headers=auth)  # the full route
+        assert len(delegated) == 1
+        assert plain.status_code == coerced.status_code == 200
+        a, b = plain.json(), coerced.json()
+        assert a["value"] == b["value"] == "42" and set(a) == set(b)
+        assert c.post(url, json={"code": "1"}).status_code == 401
+        assert c.post(url, json={"code": "1"}, headers={"Authorization": "Bearer no"}).status_code == 401
+        assert c.post(url, json={"code": "x" * 5000}, headers=auth).status_code == 413
+        r = c.post(url, json={"code": "1", "timeout_s": 1e9}, headers=auth)
+        assert r.status_code == 422 and "maximum" in r.text
+        assert c.post(url, json={"code": "1", "want_value": "maybe"}, headers=auth).status_code == 422
+        assert c.post(url, json={"code": "1", "bogus": 1}, headers=auth).status_code == 422
+        r = c.post(url, content=b"x = 1", headers={**auth, "content-type": "text/plain"})
+        assert r.status_code == 422
+        assert c.post("/v1/sessions/nope/execute", json={"code": "1"}, headers=auth).status_code == 404
+        assert c.get(url, headers=auth).status_code == 405
+        metrics = c.get("/metrics", headers=auth).text
+        assert 'sandbox_executions_total{endpoint="session",outcome="ok"} 2.0' in metrics
+        c.delete(f"/v1/sessions/{sid}", headers=auth)
