@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--checkpoint {ckpt} has no state.pt")
     if ckpt is not None:
         load_checkpoint(ckpt, learner=trainer.learner)
-        trainer.engine.update_weights(trainer.model.state_dict())
+        trainer.publish_weights()  # the loaded weights (learner rank 0's with learner ranks)
     n = cfg.env.eval_tasks if args.tasks is None else args.tasks
     metrics = trainer.evaluate(n)
     print(json.dumps({"checkpoint": str(ckpt) if ckpt else None, "tasks": n, **metrics}, indent=2))

@@ -1,8 +1,9 @@
-"""Scale-out on Ray: rollout workers as actors, a shared sandbox pool, versioned weight sync.
+"""Scale-out on Ray: rollout workers and learner ranks as actors, a shared sandbox pool, weight sync.
 
 The trainer selects this with `scale.backend: ray`; nothing here is imported otherwise, so the
 in-process default needs no Ray. `RayRollout` stands in for both the engine (`update_weights`)
-and, through `RayRollout.collector(config)`, the collector (`collect`, `last_stats`).
+and, through `RayRollout.collector(config)`, the collector (`collect`, `last_stats`);
+`RayLearner` stands in for the Learner when `scale.learner_workers > 1`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from typing import Any
 
 __all__ = [
     "ClusterCollectStats",
+    "LearnerRankError",
+    "LearnerSpec",
     "LeaseTable",
     "PooledSandbox",
     "RayCollector",
+    "RayLearner",
     "RayRollout",
     "WorkerSpec",
     "parse_sandbox_url",
@@ -26,6 +30,10 @@ def __getattr__(name: str) -> Any:
         from agent_rl.distributed import rollout
 
         return getattr(rollout, name)
+    if name in ("RayLearner", "LearnerSpec", "LearnerRankError"):
+        from agent_rl.distributed import learner
+
+        return getattr(learner, name)
     if name == "WorkerSpec":
         from agent_rl.distributed.worker import WorkerSpec
 

@@ -189,7 +189,7 @@ class LearnerRank:
 
 
 def shard_rows(group_index: torch.Tensor, num_ranks: int) -> list[torch.Tensor]:
-    """Row indices for each rank: contiguous runs of whole groups, near-equal in group count."""
+    """Row indices for each rank: whole groups (consecutive in first-seen order), near-equal in number."""
     groups = list(dict.fromkeys(group_index.tolist()))  # first-seen order
     if len(groups) < num_ranks:
         raise ValueError(
