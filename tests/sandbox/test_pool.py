@@ -85,8 +85,21 @@ def test_target_grows_with_demand_and_shrinks_back() -> None:
         pool.close()
 
 
-def test_an_empty_pool_hands_waiters_the_next_started_worker() -> None:
-    launcher = FakeLauncher(start_s=0.05)
+def test_an_empty_pool_hands_a_caller_a_worker_already_starting() -> None:
+    launcher = FakeLauncher(start_s=0.2)
+    pool = WorkerPool(launcher, DEFAULT_LIMITS, 1, max_starting=2)  # type: ignore[arg-type]
+    try:
+        assert pool.wait_ready(timeout_s=5)
+        pool.acquire()  # empties the pool; the fillers start its replacement
+        assert wait_for(lambda: pool._starting > 0)
+        pool.acquire()  # waits for that start instead of adding one of its own
+        assert launcher.most_at_once <= 2
+    finally:
+        pool.close()
+
+
+def test_concurrent_starts_follow_demand_beyond_the_fillers() -> None:
+    launcher = FakeLauncher(start_s=0.1)
     pool = WorkerPool(launcher, DEFAULT_LIMITS, 1, max_starting=2)  # type: ignore[arg-type]
     try:
         got: list[FakeWorker] = []
@@ -96,7 +109,7 @@ def test_an_empty_pool_hands_waiters_the_next_started_worker() -> None:
         for t in threads:
             t.join(10)
         assert len(got) == 10 and len({id(w) for w in got}) == 10
-        assert launcher.most_at_once <= 2  # waiting, not one start per caller
+        assert launcher.most_at_once > 2  # callers beyond the starts under way start their own
     finally:
         pool.close()
 
