@@ -8,18 +8,24 @@ What it measures (CPU, tiny model, the easy arithmetic env with the local sandbo
 2. Weight sync: `RayRollout.update_weights(state_dict, wait=True)` = one `ray.put` of the state
    dict plus every worker fetching it from the object store and copying it into its model;
    against the in-process baseline, a plain `load_state_dict`-style copy into a second model.
+3. One learner step (score + advantages + PPO update) on a collected B x N batch: the in-process
+   Learner (1 torch thread) against `RayLearner` with 1 and 2 ranks (gloo, 1 CPU and 1 thread
+   each). The ranks' time includes shipping the shards and the scored batch through Ray and the
+   gradient all-reduce. Median and p99 over repeated steps, after one warm-up step each.
 
 On a 2-core machine the two workers' engines run in parallel (one core each), but the env steps
 (sandbox interpreter processes), the Ray raylet and the driver share the same two cores, so the
 speed-up is below 2x; on more cores it approaches the number of workers until the sandbox or the
 driver saturates.
 
-Run:  python benchmarks/ray_bench.py [--prompts 8 --group 4 --repeats 3 --workers 1,2]
+Run:  python benchmarks/ray_bench.py [--prompts 8 --group 4 --repeats 3 --workers 1,2 --ranks 1,2]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import statistics
 import time
 from pathlib import Path
@@ -53,6 +59,57 @@ def _time_collects(collector: Any, args: argparse.Namespace) -> dict[str, float]
     }
 
 
+def _time_learner_steps(
+    model_path: Path, collector: Any, tokenizer: Any, args: argparse.Namespace
+) -> tuple[str, list[tuple[str, dict[str, float]]]]:
+    """Median/p99 wall time of Learner.step in process and of RayLearner.step with 1..N ranks."""
+    import torch
+
+    from agent_rl.config import AlgoConfig, TrainConfig
+    from agent_rl.distributed.learner import LearnerSpec, RayLearner
+    from agent_rl.learner import Learner
+    from agent_rl.rollout import collate
+    from agent_rl.tiny_model import load_model_and_tokenizer
+
+    trajs = collector.collect(_tasks(args.prompts, 20_000), args.group, seed=4321)
+    trajs = [  # k copies as distinct groups: a bigger batch without sampling it
+        dataclasses.replace(t, group_id=t.group_id + c * args.prompts)
+        for c in range(args.learner_copies)
+        for t in trajs
+    ]
+    batch = collate(trajs, tokenizer.pad_token_id)
+    desc = (
+        f"{len(trajs)} rows x {batch['input_ids'].shape[1]} tokens "
+        f"({int(batch['response_mask'].sum())} policy tokens)"
+    )
+    algo, train = AlgoConfig(), TrainConfig(lr=1e-5)
+
+    def timed(step: Any) -> dict[str, float]:
+        step()  # warm-up
+        walls = []
+        for _ in range(args.learner_repeats):
+            t0 = time.perf_counter()
+            step()
+            walls.append(time.perf_counter() - t0)
+        return {"med": statistics.median(walls), "p99": _quantile(walls, 0.99)}
+
+    rows = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model, _ = load_model_and_tokenizer(model_path)
+    local = Learner(model, algo, train)
+    rows.append(("in-process, 1 thr", timed(lambda: local.step(batch))))
+    torch.set_num_threads(threads)
+    for n in [int(x) for x in args.ranks.split(",")]:
+        spec = LearnerSpec(model_path=str(model_path), algo=algo, train=train)
+        ranks = RayLearner(spec, n, model.state_dict())
+        try:
+            rows.append((f"ray, {n} rank{'s' if n > 1 else ''}", timed(functools.partial(ranks.step, batch))))
+        finally:
+            ranks.shutdown()
+    return desc, rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -61,7 +118,12 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4, help="N samples per task")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sync-repeats", type=int, default=10)
-    parser.add_argument("--workers", default="1,2", help="comma-separated worker counts")
+    parser.add_argument("--workers", default="1,2", help="comma-separated worker counts ('' = none)")
+    parser.add_argument("--ranks", default="1,2", help="comma-separated learner rank counts")
+    parser.add_argument("--learner-repeats", type=int, default=5)
+    parser.add_argument(
+        "--learner-copies", type=int, default=1, help="tile the collected batch k times for the learner step"
+    )
     parser.add_argument("--model", default=None, help="model dir (default: the offline tiny model)")
     args = parser.parse_args()
 
@@ -111,7 +173,8 @@ def main() -> None:
     ray_start = time.perf_counter() - t0
     sync: dict[str, float] = {}
     spawn: dict[int, float] = {}
-    for w in [int(x) for x in args.workers.split(",")]:
+    worker_counts = [int(x) for x in args.workers.split(",") if x]
+    for w in worker_counts:
         cfg = build_config({}, [*base, "scale.backend=ray", f"scale.rollout_workers={w}"])
         t0 = time.perf_counter()
         rollout = RayRollout.from_config(cfg, model_path, model.state_dict())
@@ -120,7 +183,7 @@ def main() -> None:
             rows.append(
                 (f"ray, {w} worker{'s' if w > 1 else ''}", _time_collects(rollout.collector(cc), args))
             )
-            if w == max(int(x) for x in args.workers.split(",")):
+            if w == max(worker_counts):
                 state = model.state_dict()
                 puts, fulls = [], []
                 for _ in range(args.sync_repeats):
@@ -139,6 +202,8 @@ def main() -> None:
                 }
         finally:
             rollout.shutdown()
+
+    learner_rows = _time_learner_steps(model_path, local, tokenizer, args)
 
     copy_model, _ = load_model_and_tokenizer(model_path)
     copy_engine = HFEngine(copy_model, tokenizer, max_model_len=536)
@@ -170,6 +235,17 @@ def main() -> None:
         print(
             f"  update_weights(wait=True), {sync['workers']} workers:        "
             f"{1e3 * sync['sync_med']:8.2f} ms (p99 {1e3 * sync['sync_p99']:.2f} ms)"
+        )
+    print()
+    batch_desc, learner_rows = learner_rows
+    print(f"one learner step on {batch_desc}, median of {args.learner_repeats}:")
+    print(f"{'setup':<24}{'step med s':>12}{'step p99 s':>12}{'vs in-proc':>12}{'vs 1 rank':>11}")
+    one_rank = next((r for n, r in learner_rows if n.startswith("ray, 1 ")), None)
+    for name, r in learner_rows:
+        vs1 = f"{one_rank['med'] / r['med']:.2f}x" if one_rank and name.startswith("ray") else "-"
+        print(
+            f"{name:<24}{r['med']:>12.3f}{r['p99']:>12.3f}"
+            f"{learner_rows[0][1]['med'] / r['med']:>11.2f}x{vs1:>11}"
         )
     print()
     print(
