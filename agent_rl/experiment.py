@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,10 @@ def _finished(cfg: Config) -> bool:
     summary, saved = cfg.run_dir / "summary.json", cfg.run_dir / "config.yaml"
     if not (summary.exists() and saved.exists()):
         return False
-    return yaml.safe_load(saved.read_text()) == cfg.model_dump(mode="json")
+    try:  # through today's schema, so settings added since (with defaults) do not count as changes
+        return build_config(yaml.safe_load(saved.read_text())) == cfg
+    except ConfigError:
+        return False
 
 
 def heldout_success(cfg: Config, tasks: int, *, final: bool = True) -> float:
@@ -268,6 +272,7 @@ def run_experiment(exp: ExperimentConfig) -> Path:
             if _finished(cfg):
                 print(f"{cell.name} seed {seed}: finished earlier with this config; reusing it", flush=True)
             else:
+                shutil.rmtree(cfg.run_dir, ignore_errors=True)  # never append to an unfinished run's logs
                 Trainer(cfg).fit()
             summary = summarize_run(read_metrics(cfg.run_dir), exp.target_success, exp.spike_factor, window)
             summary["heldout_success"] = heldout_success(cfg, exp.eval_tasks)

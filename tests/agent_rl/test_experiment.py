@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip("torch")
 
@@ -82,6 +83,11 @@ def test_reduced_grid_writes_a_report(
         return fit(self)
 
     monkeypatch.setattr(agent_rl.train.Trainer, "fit", counting_fit)
+    # A run saved before a setting existed (here: one dropped from its config.yaml) is still finished.
+    saved = report.parent / "runs" / "tir_otb-N4-s0" / "config.yaml"
+    old = yaml.safe_load(saved.read_text())
+    del old["scale"]["worker_timeout_s"]
+    saved.write_text(yaml.safe_dump(old))
     exp.cells = [*exp.cells, exp.cells[0].model_copy(update={"estimator": "rloo"})]
     again = json.loads((run_experiment(exp).parent / "results.json").read_text())
     assert trained == ["rloo-N4-s0"]
