@@ -147,18 +147,25 @@ def warm_up_once(exp: ExperimentConfig, out: Path) -> Path:
     return target
 
 
+def moving_success(steps: list[dict[str, Any]], window_tokens: float) -> list[float]:
+    """Per step, the mean step success over the last `window_tokens` rollout tokens (>= 1 step)."""
+    success = [r["env/success_rate"] for r in steps]
+    tokens = [r["tokens/cumulative"] for r in steps]
+    return [
+        statistics.fmean(
+            [s for s, t in zip(success[: i + 1], tokens[: i + 1]) if t > tokens[i] - window_tokens]
+        )
+        for i in range(len(steps))
+    ]
+
+
 def summarize_run(
     rows: list[dict[str, Any]], target: float, spike_factor: float, window_tokens: float
 ) -> dict[str, float]:
     steps = [r for r in rows if "losses/loss" in r]
-    success = [r["env/success_rate"] for r in steps]
     tokens = [r["tokens/cumulative"] for r in steps]
-
-    def moving(i: int) -> float:  # mean step success over the last `window_tokens` (>= 1 step)
-        window = [s for s, t in zip(success[: i + 1], tokens[: i + 1]) if t > tokens[i] - window_tokens]
-        return statistics.fmean(window or [success[i]])
-
-    tokens_to_target = next((float(tokens[i]) for i in range(len(steps)) if moving(i) >= target), math.nan)
+    moving = moving_success(steps, window_tokens)
+    tokens_to_target = next((float(t) for t, m in zip(tokens, moving) if m >= target), math.nan)
     norms = [r["grad/norm"] for r in steps if "grad/norm" in r]
     median = statistics.median(norms) if norms else 0.0
     variances = [r["grad/exact_pg_variance"] for r in steps if "grad/exact_pg_variance" in r]
@@ -167,7 +174,7 @@ def summarize_run(
     ]
     return {
         "tokens_to_target": tokens_to_target,
-        "final_success": moving(len(steps) - 1) if steps else math.nan,
+        "final_success": moving[-1] if steps else math.nan,
         "tokens_used": float(tokens[-1]) if tokens else 0.0,
         "steps": float(len(steps)),
         "grad_variance": statistics.fmean(variances) if variances else float("nan"),
@@ -240,11 +247,12 @@ def _plot(exp: ExperimentConfig, out: Path) -> None:
             label = cell.name if i == 0 else None
             color = f"C{exp.cells.index(cell)}"
             x = [r["tokens/cumulative"] for r in rows]
-            axes[0].plot(x, [r["env/success_rate"] for r in rows], color=color, alpha=0.7, label=label)
+            window = exp.success_window * exp.max_rollout_tokens
+            axes[0].plot(x, moving_success(rows, window), color=color, alpha=0.7, label=label)
             axes[1].plot(
                 x, [r.get("grad/norm", float("nan")) for r in rows], color=color, alpha=0.7, label=label
             )
-    axes[0].set_ylabel("success rate")
+    axes[0].set_ylabel(f"training success (moving, {exp.success_window:.0%} of budget)")
     axes[1].set_ylabel("gradient norm (pre-clip)")
     for ax in axes:
         ax.set_xlabel("cumulative rollout tokens")
