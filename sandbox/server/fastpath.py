@@ -20,9 +20,8 @@ import json
 import math
 from typing import Any
 
-from fastapi.routing import APIRoute
 from starlette.responses import JSONResponse
-from starlette.routing import Route
+from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
 
 PATH = "/v1/sessions/{session_id}/execute"
@@ -30,15 +29,32 @@ _OPTIONAL = {"want_value", "stdin", "timeout_s", "language", "limits", "files"}
 
 
 def install(app: Any) -> None:
-    """Put the fast route in front of the FastAPI route for the same path (which stays documented)."""
-    slow = next(r for r in app.router.routes if isinstance(r, APIRoute) and r.path == PATH)
-    fast = Route(PATH, _FastSessionExecute(slow), methods=["POST"], include_in_schema=False)
-    app.router.routes.insert(0, fast)
+    """Put the fast route in front of the FastAPI route for the same path (which stays documented).
+
+    The fast route hands a request back by re-entering the app's router with a marker in the
+    scope that makes it step aside, so the FastAPI route is found however this FastAPI version
+    stores included routers (flattened into the app's routes, or nested), and errors still reach
+    the app's exception handlers.
+    """
+    app.router.routes.insert(0, _FastRoute(PATH, _FastSessionExecute(app.router), methods=["POST"]))
+
+
+_DELEGATED = "agent_rl.fastpath.delegated"
+
+
+class _FastRoute(Route):
+    def __init__(self, path: str, endpoint: Any, methods: list[str]) -> None:
+        super().__init__(path, endpoint, methods=methods, include_in_schema=False)
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope.get(_DELEGATED):
+            return Match.NONE, {}
+        return super().matches(scope)
 
 
 class _FastSessionExecute:
-    def __init__(self, slow: APIRoute) -> None:
-        self.slow = slow
+    def __init__(self, router: Any) -> None:
+        self.router = router
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await _read_body(receive)
@@ -53,7 +69,6 @@ class _FastSessionExecute:
         await JSONResponse(result.to_dict())(scope, receive, send)
 
     async def _delegate(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
-        _, child = self.slow.matches(scope)
         replayed = False
 
         async def replay() -> dict[str, Any]:
@@ -63,7 +78,7 @@ class _FastSessionExecute:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()  # a disconnect, if the client goes away
 
-        await self.slow.handle({**scope, **child}, replay, send)
+        await self.router({**scope, _DELEGATED: True}, replay, send)
 
 
 async def _read_body(receive: Receive) -> bytes:
