@@ -219,6 +219,9 @@ class Launcher:
             "--setenv", "TMPDIR", "/tmp",
             "--setenv", "LANG", "C.UTF-8",
             "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+            # glibc gives every thread its own 64 MiB malloc arena; under RLIMIT_AS a thread bomb
+            # then exhausts the address space and the worker's own reply fails to allocate.
+            "--setenv", "MALLOC_ARENA_MAX", "2",
             "--hostname", "sandbox",
             "--ro-bind", "/usr", "/usr",
         ]  # fmt: skip
@@ -347,6 +350,7 @@ class WorkerProcess:
             "LANG": "C.UTF-8",
             "HOME": self.workdir_host,
             "TMPDIR": self.workdir_host,
+            "MALLOC_ARENA_MAX": "2",  # see the bwrap argv
         }
         self.proc = self._popen(self.launcher.worker_argv(config), cwd=self.workdir_host, env=env)
 
