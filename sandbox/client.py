@@ -30,6 +30,15 @@ from sandbox.result import ExecResult, SandboxUnavailable
 _HTTP_SLACK_S = 30.0  # the server kills a cell at its wall limit; allow for restart and transfer
 
 
+def _readable(sock: object) -> bool:
+    """Whether an idle keep-alive socket has something to read: EOF (the server closed it) or
+    unexpected bytes. poll, not select: select fails on descriptors above 1024, which a trainer
+    with a model and Ray open easily has."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 class SandboxRequestError(ValueError):
     """The server rejected the request (4xx): bad code size, limits, unknown session, ..."""
 
@@ -108,7 +117,7 @@ class _ConnectionPool:
             if conn is None:
                 break
             sock = conn.sock
-            if sock is not None and not select.select([sock], [], [], 0)[0]:
+            if sock is not None and not _readable(sock):
                 sock.settimeout(timeout_s)
                 return conn
             conn.close()  # closed by the server while idle (or unexpected bytes): start afresh

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -104,5 +105,23 @@ def test_client_replaces_a_connection_the_server_closed_while_idle() -> None:
             time.sleep(0.05)
             assert c.healthy()
             assert len(seen) == 3 and seen[2] is not seen[0]
+            # A process with many descriptors open (a trainer: model files, Ray) puts the pooled
+            # socket above 1024, where select() cannot look at it.
+            import resource
+
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            if soft < 1100 <= hard:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (1100, hard))
+            while c._http._idle:  # so that the next request opens a new socket, above 1024
+                c._http._idle.pop().close()
+            spare = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
+            try:
+                assert c.healthy() and c.healthy()  # a fresh socket above 1024, then reused
+                assert c._http._idle[0].sock.fileno() > 1024
+            finally:
+                for fd in spare:
+                    os.close(fd)
+                if soft < 1100 <= hard:
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     finally:
         server.shutdown()
