@@ -114,19 +114,22 @@ def heldout_success(cfg: Config, tasks: int, *, final: bool = True) -> float:
     from agent_rl.train import Trainer
 
     cache = cfg.run_dir / ("final_eval.json" if final else "start_eval.json")
-    if cache.exists() and json.loads(cache.read_text())["tasks"] == tasks:
-        return float(json.loads(cache.read_text())["success_rate"])
+    saved = json.loads(cache.read_text()) if cache.exists() else {}
+    if saved.get("tasks") == tasks:
+        return float(saved["success_rate"])
     if tasks == 0:
         return math.nan
     trainer = Trainer(cfg)
-    if final:
-        ckpt = latest_checkpoint(cfg.run_dir)
-        if ckpt is None:
-            raise FileNotFoundError(f"{cfg.run_dir} has no checkpoint to evaluate")
-        load_checkpoint(ckpt, learner=trainer.learner)
-        trainer.publish_weights()
-    success = trainer.evaluate(tasks)["eval/success_rate"]
-    trainer.sandbox.close()
+    try:
+        if final:
+            ckpt = latest_checkpoint(cfg.run_dir)
+            if ckpt is None:
+                raise FileNotFoundError(f"{cfg.run_dir} has no checkpoint to evaluate")
+            load_checkpoint(ckpt, learner=trainer.learner)
+            trainer.publish_weights()
+        success = trainer.evaluate(tasks)["eval/success_rate"]
+    finally:
+        trainer.sandbox.close()
     cache.write_text(json.dumps({"tasks": tasks, "success_rate": success}))
     return success
 
@@ -180,7 +183,7 @@ def summarize_run(
         "grad_variance": statistics.fmean(variances) if variances else float("nan"),
         "proxy_spearman": statistics.fmean(spearman) if spearman else float("nan"),
         "grad_spikes": float(sum(n > spike_factor * median for n in norms)) if median > 0 else 0.0,
-        # rollout + update (gradient diagnostics included), i.e. the run's wall time less start-up
+        # time in rollout + update (gradient diagnostics included); start-up and logging not counted
         "minutes": sum(r.get("perf/rollout_s", 0.0) + r.get("perf/update_s", 0.0) for r in steps) / 60,
     }
 
