@@ -15,11 +15,14 @@ worker's slots can be reclaimed when it is replaced.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urldefrag
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CAPACITY = 64
 """Sessions per service when the URL names none; the sandbox service's default `max_sessions`."""
@@ -227,7 +230,12 @@ class PooledSandbox:
             raise SandboxUnavailable(f"no sandbox slot from the pool: {err}") from err
 
         def release() -> None:
-            self._leaser.release.remote(self._owner, url)
+            # Waited for (one round trip per episode), so a slot is free again before the episode
+            # counts as finished: the pool's accounting never lags behind the collector's.
+            try:
+                ray.get(self._leaser.release.remote(self._owner, url))
+            except Exception as err:  # a lost leaser has no slot to return
+                log.warning("could not return sandbox slot %s to the pool: %s", url, err)
 
         try:
             session = self._client(url).session(**limits)
