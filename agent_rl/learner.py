@@ -11,7 +11,9 @@ loss normaliser and gradients summed over ranks. Without a shard nothing touches
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +105,39 @@ def step_metrics(scored: Batch) -> dict[str, float]:
         metrics["policy/proxy_w_mean"] = float(w[policy].mean())
         metrics["policy/sampler_trainer_logp_diff"] = float(drift[policy].max())
     return metrics
+
+
+SUMMED = frozenset({"losses/loss", "losses/pg_loss", "losses/kl_ref", "losses/entropy", "losses/n_tokens"})
+"""Micro-batch metrics that are parts of a sum: the loss terms are already divided by the minibatch's
+(global) count, so a minibatch's value is the sum over its micro-batches (as is its token count)."""
+EXTREMES = {"losses/ratio_max": max, "losses/ratio_min": min}
+"""Every other losses/ metric is a token mean of its micro-batch: combined weighted by tokens."""
+
+
+def combine_micro_metrics(records: Sequence[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """Per optimiser step, one value per metric from its micro-batches (on one rank or many): sums
+    for SUMMED, max/min for EXTREMES, token-weighted means for the rest; then the mean over steps.
+    So the logged loss is the minibatch's loss however it was split into micro-batches or ranks."""
+    by_step: dict[int, list[dict[str, float]]] = defaultdict(list)
+    for step, record in records:
+        by_step[step].append(record)
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for step in sorted(by_step):
+        step_records = by_step[step]
+        for key in dict.fromkeys(k for r in step_records for k in r):
+            values = [(r[key], r["losses/n_tokens"]) for r in step_records if key in r]
+            if key in SUMMED:
+                value = sum(v for v, _ in values)
+            elif key in EXTREMES:
+                with_tokens = [v for v, n in values if n > 0] or [v for v, _ in values]
+                value = EXTREMES[key](with_tokens)
+            else:
+                tokens = sum(n for _, n in values)
+                value = sum(v * n for v, n in values) / tokens if tokens else 0.0
+            sums[key] += value
+            counts[key] += 1
+    return {k: sums[k] / counts[k] for k in sums}
 
 
 class Learner:
@@ -244,12 +279,10 @@ class Learner:
         sums gradients over the ranks before clipping, so each rank takes exactly the optimiser
         step of one process on the whole batch (up to float rounding).
         """
-        sums: dict[str, float] = defaultdict(float)
-        counts: dict[str, int] = defaultdict(int)
         self.micro_metrics = []
         n = len(batch["input_ids"]) if shard is None else shard.total
         params = list(self.model.parameters())
-        max_norm = 0.0
+        norms: list[float] = []
         opt_step = 0
         self.model.train()
         for _ in range(self.algo.ppo_epochs):
@@ -277,22 +310,17 @@ class Learner:
                         denominator=denominator,
                     )
                     out.loss.backward()
-                    record = {k: float(v) for k, v in out.metrics.items()}
-                    self.micro_metrics.append((opt_step, record))
-                    for k, v in record.items():
-                        sums[k] += v
-                        counts[k] += 1
+                    self.micro_metrics.append((opt_step, {k: float(v) for k, v in out.metrics.items()}))
                 if shard is not None:
                     _sum_gradients([p for p in params if p.requires_grad])
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
-                sums["grad/norm"] += grad_norm  # before clipping
-                counts["grad/norm"] += 1
-                max_norm = max(max_norm, grad_norm)
+                norms.append(grad_norm)
                 self.optimizer.step()
                 self.scheduler.step()
                 opt_step += 1
-        metrics = {k: sums[k] / counts[k] for k in sums}
-        metrics["grad/max_norm"] = max_norm
+        metrics = combine_micro_metrics(self.micro_metrics)
+        metrics["grad/norm"] = statistics.fmean(norms)  # before clipping, mean over optimiser steps
+        metrics["grad/max_norm"] = max(norms)
         metrics["perf/lr"] = self.scheduler.get_last_lr()[0]
         return metrics
 

@@ -33,7 +33,6 @@ import copy
 import logging
 import socket
 import time
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -44,18 +43,12 @@ import torch
 from agent_rl.config import AlgoConfig, TrainConfig
 from agent_rl.distributed.cluster import ensure_ray, import_ray, ray_cpus_wanted
 from agent_rl.distributed.rollout import split_groups
-from agent_rl.learner import Batch, Learner, Shard, _rows, step_metrics
+from agent_rl.learner import Batch, Learner, Shard, _rows, combine_micro_metrics, step_metrics
 
 if TYPE_CHECKING:
     from agent_rl.config import Config
 
 log = logging.getLogger(__name__)
-
-SUMMED = frozenset({"losses/loss", "losses/pg_loss", "losses/kl_ref", "losses/entropy", "losses/n_tokens"})
-"""Micro-batch metrics that are parts of a sum: the loss terms are already divided by the global
-count, so a minibatch's value is the sum over its micro-batches on every rank (as is its token count)."""
-EXTREMES = {"losses/ratio_max": max, "losses/ratio_min": min}
-"""Every other losses/ metric is a token mean of its micro-batch: combined weighted by tokens."""
 
 
 class LearnerRankError(RuntimeError):
@@ -220,35 +213,10 @@ def gather_shards(parts: Sequence[Batch], rows: Sequence[torch.Tensor], total: i
 def reduce_update_metrics(
     results: Sequence[tuple[dict[str, float], list[tuple[int, dict[str, float]]]]],
 ) -> dict[str, float]:
-    """One set of update metrics from every rank's: per optimiser step, sums for SUMMED, max/min for
-    EXTREMES, token-weighted means for the rest, then the mean over steps; grad/ and perf/ metrics are
-    identical on every rank (the gradients were summed before clipping), so rank 0's are taken.
-
-    This equals the single-process values when that process runs each minibatch as one micro-batch;
-    with several micro-batches per minibatch the single process reports the mean over micro-batches
-    of partial sums (the loss divided by their number), the ranks the minibatch's actual loss.
-    """
-    by_step: dict[int, list[dict[str, float]]] = defaultdict(list)
-    for _, records in results:
-        for step, record in records:
-            by_step[step].append(record)
-    sums: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
-    for step in sorted(by_step):
-        records = by_step[step]
-        for key in dict.fromkeys(k for r in records for k in r):
-            values = [(r[key], r["losses/n_tokens"]) for r in records if key in r]
-            if key in SUMMED:
-                value = sum(v for v, _ in values)
-            elif key in EXTREMES:
-                with_tokens = [v for v, n in values if n > 0] or [v for v, _ in values]
-                value = EXTREMES[key](with_tokens)
-            else:
-                tokens = sum(n for _, n in values)
-                value = sum(v * n for v, n in values) / tokens if tokens else 0.0
-            sums[key] += value
-            counts[key] += 1
-    metrics = {k: sums[k] / counts[k] for k in sums}
+    """One set of update metrics from every rank's: the ranks' micro-batch records combined per
+    optimiser step exactly as one process combines its own (`combine_micro_metrics`); grad/ and
+    perf/ metrics are identical on every rank (gradients were summed before clipping): rank 0's."""
+    metrics = combine_micro_metrics([record for _, records in results for record in records])
     metrics.update({k: v for k, v in results[0][0].items() if not k.startswith("losses/")})
     return metrics
 

@@ -37,9 +37,6 @@ RANK_ALGO = AlgoConfig(
     kl_coef=0.05,
     entropy_coef=0.01,
 )
-# The single process runs each minibatch as one micro-batch, so its losses/ metrics are the
-# minibatch's (see reduce_update_metrics); the gradient does not depend on micro-batching.
-LOCAL_ALGO = RANK_ALGO.model_copy(update={"micro_batch_size": 8})
 TRAIN = TrainConfig(lr=1e-3, seed=0, warmup_lr_steps=3)
 GROUPS = [0, 0, 1, 1, 1, 2, 2, 2]  # 3 groups of unequal size: rank 0 gets rows 0-4, rank 1 rows 5-7
 BATCHES = [
@@ -63,7 +60,7 @@ def ranks(ray_cluster: Any, tiny_model_dir: Path) -> Iterator[Any]:
 def test_two_ranks_take_the_single_process_step(ranks: Any, tiny_model_dir: Path) -> None:
     model, _ = load_model_and_tokenizer(tiny_model_dir)
     ref = copy.deepcopy(model).eval().requires_grad_(False)
-    local = Learner(model, LOCAL_ALGO, TRAIN, ref_model=ref)
+    local = Learner(model, RANK_ALGO, TRAIN, ref_model=ref)
 
     # The case this test must cover: some global minibatch holds no row of a rank.
     gen = torch.Generator().manual_seed(TRAIN.seed)
