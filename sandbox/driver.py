@@ -5,6 +5,11 @@ three methods of ``WorkerHandle`` can be driven: a bubblewrap process (``sandbox
 Docker container attached over stdio. The driver turns every way a worker can fail (no reply in
 time, EOF, garbage on the wire, SIGXCPU, the OOM killer) into an ``ExecResult`` that says which
 limit fired, and marks ``session_restarted`` when the next cell will run in a fresh worker.
+
+A worker that the sandbox's own side stopped (a session closed mid-cell, a worker killed from
+outside its sandbox) is not the program's result: that raises ``SandboxUnavailable`` (or
+``SessionClosed``), which callers treat as an infrastructure failure, and the session continues in
+a fresh worker.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any, Protocol
 
 from sandbox.limits import Limits
 from sandbox.protocol import ChannelError, ChannelTimeout, WorkerChannel, exec_request, result_from_reply
-from sandbox.result import ExecError, ExecResult, SandboxUnavailable
+from sandbox.result import ExecError, ExecResult, SandboxUnavailable, SessionClosed
 
 
 class WorkerHandle(Protocol):
@@ -32,6 +37,12 @@ class WorkerHandle(Protocol):
 
     def oom_killed(self) -> bool:
         """Whether the kernel's OOM killer fired inside this worker's memory cgroup."""
+
+    def terminate(self, reason: str) -> None:
+        """Stop the worker now from any thread, leaving clean-up to ``kill``; idempotent."""
+
+    def lost_reason(self) -> str | None:
+        """After the worker died: why, when it was not its own code that ended it; else None."""
 
 
 def _signal_name(n: int) -> str:
@@ -152,9 +163,13 @@ class SessionCore:
 
     def _begin(self) -> WorkerHandle:
         if self.closed:
-            raise SandboxUnavailable("session is closed")
+            raise SessionClosed("session is closed")
         self.last_used = time.monotonic()
-        return self.ensure_worker()
+        worker = self.ensure_worker()
+        if self.closed:  # closed while the worker was starting: ``close`` could not stop it
+            self._drop_worker()
+            raise SessionClosed("session is closed")
+        return worker
 
     def _failed(self, worker: WorkerHandle, e: ChannelError, limits: Limits) -> ExecResult:
         if isinstance(e, ChannelTimeout):
@@ -167,7 +182,12 @@ class SessionCore:
                 ),
             )
         else:
-            result = classify_death(worker.wait_exit(1.0), worker.oom_killed(), limits)
+            rc = worker.wait_exit(1.0)
+            lost = worker.lost_reason()
+            if lost is not None:
+                self._drop_worker()
+                raise (SessionClosed if self.closed else SandboxUnavailable)(lost)
+            result = classify_death(rc, worker.oom_killed(), limits)
         self._drop_worker()
         return result
 
@@ -191,9 +211,16 @@ class SessionCore:
             worker.kill()
 
     def close(self) -> None:
-        with self._lock:
-            self.closed = True
+        """Close now: a running cell is cancelled (its worker killed), not waited for."""
+        self.closed = True
+        while not self._lock.acquire(timeout=0.05):
+            worker = self.worker  # None while a worker is being started: _begin sees `closed`
+            if worker is not None:
+                worker.terminate("the session was closed while this cell ran; the cell was cancelled")
+        try:
             worker, self.worker = self.worker, None
+        finally:
+            self._lock.release()
         if worker is not None:
             self._release(worker)
 

@@ -7,6 +7,11 @@ unprivileged uid per worker when we run as root (so RLIMIT_NPROC is per session)
 cgroups where writable; ``--die-with-parent``. Killing a worker kills the pid namespace's init, so
 the kernel kills and reaps every process in it.
 
+``--die-with-parent`` is ``PR_SET_PDEATHSIG``, which fires when the *thread* that forked bubblewrap
+exits, not the process. Every worker is therefore forked by one spawner thread that lives as long
+as the process (``_Spawner``): a worker started for a request on a short-lived helper thread would
+otherwise be killed, state and all, the moment that thread ended.
+
 What is not covered: seccomp filtering, CPU shares, and GPU devices. The rlimits fallback (no
 bubblewrap) shares the host's filesystem view and network with the executed code.
 """
@@ -19,6 +24,7 @@ import itertools
 import json
 import logging
 import os
+import queue
 import random
 import shutil
 import signal
@@ -26,8 +32,11 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from sandbox.cgroups import CgroupManager, WorkerCgroup
 from sandbox.limits import Limits
@@ -52,6 +61,51 @@ exec(marshal.loads(_read(int.from_bytes(_read(4), "big"))))
 """Reads the worker's compiled code (length-prefixed, from stdin) and runs it as ``__main__``."""
 _ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/alternatives", "/etc/mime.types")
 _counter = itertools.count()
+T = TypeVar("T")
+
+
+class _Spawner:
+    """Runs process starts on one daemon thread that never exits (see the module doc for why).
+
+    Only the fork/exec runs there (about 1-2 ms); waiting for the worker to be ready stays on the
+    caller, so starts still overlap. After ``fork()`` the child has no threads, so the first call in
+    a new process starts that process's own spawner thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # may have been held by a thread that does not exist here
+        self._pid = -1
+
+    def call(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._queue = queue.SimpleQueue()
+                threading.Thread(
+                    target=self._serve, args=(self._queue,), name="sandbox-spawner", daemon=True
+                ).start()
+            q = self._queue
+        done: Future[T] = Future()
+        q.put((fn, done))
+        return done.result()
+
+    @staticmethod
+    def _serve(q: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]) -> None:
+        while True:
+            fn, done = q.get()
+            try:
+                done.set_result(fn())
+            except BaseException as e:  # handed to the caller, which re-raises it
+                done.set_exception(e)
+
+
+SPAWNER = _Spawner()
 
 
 def default_python() -> str:
@@ -260,6 +314,7 @@ class WorkerProcess:
         self.ns_init_pid: int | None = None
         self.workdir_host: str | None = None
         self._killed = False
+        self._stopped_by: str | None = None
         self._lock = threading.Lock()
         self.name = f"w{os.getpid()}-{next(_counter)}"
         cfg = launcher.config
@@ -308,7 +363,8 @@ class WorkerProcess:
                 argv = [setpriv, f"--reuid={u}", f"--regid={u}", "--clear-groups", "--", *argv]
             else:
                 kw.update(user=self.uid, group=self.uid, extra_groups=[])
-        return subprocess.Popen(argv, **kw)  # type: ignore[call-overload,no-any-return]
+        # On the process-lifetime spawner thread: bubblewrap's --die-with-parent follows the thread.
+        return SPAWNER.call(lambda: subprocess.Popen(argv, **kw))  # type: ignore[call-overload]
 
     def _start_bwrap(self, limits: Limits) -> None:
         launcher = self.launcher
@@ -375,6 +431,41 @@ class WorkerProcess:
     def oom_killed(self) -> bool:
         return self.cgroup is not None and self.cgroup.oom_killed()
 
+    def terminate(self, reason: str) -> None:
+        """Stop the worker's processes now, from any thread (to cancel a running cell).
+
+        Only signals: the descriptors stay open for the thread that is reading them, which sees
+        EOF, reports ``reason`` through ``lost_reason`` and then calls ``kill`` to clean up.
+        """
+        with self._lock:
+            proc = getattr(self, "proc", None)
+            if self._killed or proc is None or proc.returncode is not None:
+                return
+            self._stopped_by = reason
+            with contextlib.suppress(OSError):
+                if self.ns_init_pid is not None:
+                    os.kill(self.ns_init_pid, signal.SIGKILL)  # the monitor reaps it, then exits
+                else:
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+    def lost_reason(self) -> str | None:
+        """Why the worker died of something other than its own code, or None (call after it exited).
+
+        Under bubblewrap the code runs in its own user and pid namespaces and cannot see, let alone
+        signal, bubblewrap's monitor; bubblewrap exits with 128+n when the code dies of signal n.
+        So a monitor that itself died of a signal was killed from outside: by this process exiting
+        or losing a thread (--die-with-parent), an operator, or the host's OOM killer.
+        """
+        if self._stopped_by is not None:
+            return self._stopped_by
+        rc = self.proc.returncode
+        if self.launcher.config.isolation == "bwrap" and rc is not None and rc < 0:
+            return (
+                f"the sandbox worker was killed from outside the sandbox ({_signal_name(-rc)} to "
+                "bubblewrap), not by the executed code; the session's state is lost"
+            )
+        return None
+
     def kill(self) -> None:
         with self._lock:
             if self._killed:
@@ -420,6 +511,13 @@ class WorkerProcess:
         if self.uid is not None and self.launcher.uids:
             self.launcher.uids.give(self.uid, clean=clean)
             self.uid = None
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
 
 
 def compile_worker(python: str, source: str) -> bytes | None:

@@ -158,6 +158,7 @@ class LocalSandbox:
         self._sessions: dict[str, LocalSession] = {}
         self._lock = threading.Lock()
         self._batch_pool: ThreadPoolExecutor | None = None
+        self._one_shots: set[SessionCore] = set()  # running, so that close() can cancel them
         self.closed = False
         _LIVE.add(self)
 
@@ -209,13 +210,26 @@ class LocalSandbox:
     ) -> ExecResult:
         """Run ``code`` in a fresh worker that is discarded afterwards."""
         limits, lim = self._one_shot_limits(code, timeout_s, limit_overrides)
-        core = SessionCore(lambda: self.pool.acquire(limits), self.pool.release, limits)
+        core = self._one_shot_core(limits)
         try:
             result = core.run(code, lim, want_value=want_value, stdin=stdin, files=files)
         finally:
-            core.close()
+            self._end_one_shot(core)
         result.session_restarted = False  # nothing persists in a one-shot, so nothing was lost
         return result
+
+    def _one_shot_core(self, limits: Limits) -> SessionCore:
+        core = SessionCore(lambda: self.pool.acquire(limits), self.pool.release, limits)
+        with self._lock:
+            if self.closed:
+                raise SandboxUnavailable("the sandbox is closed")
+            self._one_shots.add(core)
+        return core
+
+    def _end_one_shot(self, core: SessionCore) -> None:
+        with self._lock:
+            self._one_shots.discard(core)
+        core.close()
 
     async def run_async(
         self,
@@ -243,12 +257,16 @@ class LocalSandbox:
                     **limit_overrides,
                 )
             )
-        core = SessionCore(lambda: self.pool.acquire(limits), self.pool.release, limits)
+        try:
+            core = self._one_shot_core(limits)
+        except SandboxUnavailable:
+            self.pool.release(worker)
+            raise
         core.worker = worker
         try:
             result = await core.run_async(code, lim, want_value=want_value, stdin=stdin)
         finally:
-            core.close()
+            self._end_one_shot(core)
         result.session_restarted = False
         return result
 
@@ -269,12 +287,16 @@ class LocalSandbox:
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
-        """Kill and reap every worker, warm or in use."""
-        if self.closed:
-            return
-        self.closed = True
+        """Kill and reap every worker, warm or in use; running cells are cancelled, not awaited."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            one_shots = list(self._one_shots)
         for s in list(self._sessions.values()):
             s.close()
+        for core in one_shots:
+            core.close()
         if self._batch_pool is not None:
             self._batch_pool.shutdown(wait=True)
         self.pool.close()

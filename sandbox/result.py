@@ -14,6 +14,14 @@ class SandboxUnavailable(Exception):
     """
 
 
+class SessionClosed(SandboxUnavailable):
+    """The session was closed (deleted, expired, shut down) while the cell ran: it was cancelled.
+
+    A subclass so that callers who treat any sandbox failure as infrastructure keep doing so,
+    while the HTTP server can answer the client that caused it with 409 rather than 503.
+    """
+
+
 @dataclass
 class ExecError:
     """The exception an execution raised, or why its worker died."""

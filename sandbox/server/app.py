@@ -8,6 +8,8 @@ with Retry-After at once, never a hang; infrastructure failure gets 503.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hmac
 import logging
 import time
@@ -18,12 +20,13 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandbox.limits import PER_EXECUTION, LimitError
 from sandbox.local import LocalSandbox, LocalSession
-from sandbox.result import ExecResult, SandboxUnavailable
+from sandbox.result import ExecResult, SandboxUnavailable, SessionClosed
 from sandbox.server import fastpath
 from sandbox.server.fusion import fusion_response
 from sandbox.server.schemas import (
@@ -105,12 +108,10 @@ v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], tags=["v1"])
 @v1.post("/sessions", status_code=201, response_model=SessionPublic)
 async def create_session(state: StateDep, body: SessionCreate | None = None) -> SessionPublic:
     body = body or SessionCreate()
-    if len(state.sb.sessions) >= state.settings.max_sessions:
-        state.metrics.rejected.labels("sessions_full").inc()
-        raise Overloaded(f"{state.settings.max_sessions} sessions are open; delete one or wait for expiry")
     limits = body.limits.given()
     state.sb.limits.updated(limits, state.sb.max_limits)  # reject bad limits before starting anything
-    s = await anyio.to_thread.run_sync(lambda: state.sb.session(**limits))
+    with state.opening_session():
+        s = await anyio.to_thread.run_sync(lambda: state.sb.session(**limits))
     state.refresh_gauges()
     return _session_public(s)
 
@@ -174,22 +175,20 @@ async def execute_batch(state: StateDep, body: BatchIn) -> Any:
         )
     for p in body.programs:
         _validate_one_shot(state, p)
-    free = state.settings.max_queued_executions - state.pending
-    if len(body.programs) > free:
-        state.metrics.rejected.labels("queue_full").inc()
-        raise Overloaded(f"batch of {len(body.programs)} does not fit in the queue ({free} free slots)")
-    results: list[ExecResult | None] = [None] * len(body.programs)
-
-    async def one(i: int, p: ExecuteIn) -> None:
-        results[i] = await state.execute(lambda: _one_shot(state, p))
-
-    async with anyio.create_task_group() as tg:
-        for i, p in enumerate(body.programs):
-            tg.start_soon(one, i, p)
-    for r in results:
-        assert r is not None
+    state.admit(len(body.programs))  # all slots or none, before anything runs
+    # gather, not a task group: a program whose worker cannot start must reach the 503 handler
+    # as itself, not wrapped in an ExceptionGroup that no handler matches (a 500).
+    outcomes = await asyncio.gather(
+        *(state.run_admitted(functools.partial(_one_shot, state, p)) for p in body.programs),
+        return_exceptions=True,
+    )
+    results: list[ExecResult] = []
+    for r in outcomes:
+        if isinstance(r, BaseException):
+            raise r
         state.metrics.record("batch", r)
-    return JSONResponse({"results": [r.to_dict() for r in results if r is not None]})
+        results.append(r)
+    return JSONResponse({"results": [r.to_dict() for r in results]})
 
 
 fusion = APIRouter(dependencies=[Depends(require_token)], tags=["sandboxfusion"])
@@ -227,19 +226,45 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+def _has_token(state: ServerState, request: Request) -> bool:
+    token = state.settings.auth_token
+    if token is None:
+        return True
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), token.get_secret_value().encode())
+
+
 @ops.get("/readyz")
-async def readyz(state: StateDep) -> JSONResponse:
+async def readyz(state: StateDep, request: Request) -> JSONResponse:
+    """Ready or not for anyone; the details (isolation, load, last error) only with the token."""
     sb = state.sandbox
     ready = sb is not None and not sb.closed and (sb.pool.ready_count > 0 or sb.pool.last_error is None)
-    body = {
-        "ready": ready,
-        "isolation": sb.isolation if sb else None,
-        "pool_ready": sb.pool.ready_count if sb else 0,
-        "sessions": len(sb.sessions) if sb else 0,
-        "pending_executions": state.pending,
-        "last_error": sb.pool.last_error if sb else None,
-    }
+    body: dict[str, Any] = {"ready": ready}
+    if _has_token(state, request):
+        body.update(
+            isolation=sb.isolation if sb else None,
+            pool_ready=sb.pool.ready_count if sb else 0,
+            sessions=len(sb.sessions) if sb else 0,
+            pending_executions=state.pending,
+            last_error=sb.pool.last_error if sb else None,
+        )
     return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@ops.get("/openapi.json", include_in_schema=False, dependencies=[Depends(require_token)])
+async def openapi_schema(request: Request) -> JSONResponse:
+    return JSONResponse(request.app.openapi())
+
+
+@ops.get("/docs", include_in_schema=False, dependencies=[Depends(require_token)])
+async def swagger_docs() -> Response:
+    """With a token set, the browser page cannot fetch the schema itself: use the JSON with a header."""
+    return get_swagger_ui_html(openapi_url="/openapi.json", title="agent-rl sandbox")
+
+
+@ops.get("/redoc", include_in_schema=False, dependencies=[Depends(require_token)])
+async def redoc_docs() -> Response:
+    return get_redoc_html(openapi_url="/openapi.json", title="agent-rl sandbox")
 
 
 @ops.get("/metrics", dependencies=[Depends(require_token)])
@@ -266,6 +291,10 @@ def create_app(settings: SandboxSettings | None = None, *, sandbox: LocalSandbox
         version="1",
         summary="Persistent, isolated Python sessions with hard limits",
         lifespan=lifespan,
+        # The schema and its viewers are routes of ``ops`` instead, behind the token like the API.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
     )
     app.state.sandbox_state = state
     app.include_router(v1)
@@ -276,9 +305,16 @@ def create_app(settings: SandboxSettings | None = None, *, sandbox: LocalSandbox
     return app
 
 
-class BodyCap:
-    """Refuse a body whose Content-Length is over the cap before reading it.
+class _BodyTooLarge(Exception):
+    """Raised into the app by BodyCap's ``receive`` once a streamed body passes the cap."""
 
+
+class BodyCap:
+    """Refuse a body over the cap: at once from Content-Length, else as soon as the stream passes it.
+
+    A chunked upload has no Content-Length, so the bytes are also counted as the app reads them;
+    once past the cap the app's read fails, whatever the app would answer is dropped and the client
+    gets 413 (before this, one 200 MB chunked body grew the server from 65 to 664 MB).
     A plain ASGI middleware on purpose: Starlette's ``@app.middleware("http")`` wraps every request
     in extra tasks and streams, which cost a sizeable share of a warm exec's ~ms latency.
     """
@@ -286,14 +322,43 @@ class BodyCap:
     def __init__(self, app: Any, limit: int) -> None:
         self.app, self.limit = app, limit
 
+    def _too_large(self) -> JSONResponse:
+        return JSONResponse({"detail": f"request body too large (max about {self.limit} bytes)"}, 413)
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            for key, value in scope["headers"]:
-                if key == b"content-length" and (not value.isdigit() or int(value) > self.limit):
-                    detail = f"request body too large (max about {self.limit} bytes)"
-                    await JSONResponse({"detail": detail}, 413)(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for key, value in scope["headers"]:
+            if key == b"content-length" and (not value.isdigit() or int(value) > self.limit):
+                await self._too_large()(scope, receive, send)
+                return
+        seen, refused, started = 0, False, False
+
+        async def capped_receive() -> Any:
+            nonlocal seen, refused
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    refused = True
+                    raise _BodyTooLarge
+            return message
+
+        async def guarded_send(message: Any) -> None:
+            nonlocal started
+            if refused:
+                return  # the app's answer to a failed read (a 400) is replaced by the 413
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, capped_receive, guarded_send)
+        except Exception:
+            if not refused:
+                raise
+        if refused and not started:
+            await self._too_large()(scope, receive, send)
 
 
 def _install_handlers(app: FastAPI, settings: SandboxSettings) -> None:
@@ -316,6 +381,10 @@ def _install_handlers(app: FastAPI, settings: SandboxSettings) -> None:
             status_code=429,
             headers={"Retry-After": str(settings.retry_after_s)},
         )
+
+    @app.exception_handler(SessionClosed)
+    async def _closed(request: Request, exc: SessionClosed) -> JSONResponse:
+        return JSONResponse({"detail": f"cancelled: {exc}"}, status_code=409)
 
     @app.exception_handler(SandboxUnavailable)
     async def _unavailable(request: Request, exc: SandboxUnavailable) -> JSONResponse:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import anyio
@@ -65,6 +65,7 @@ class ServerState:
         self.owns_sandbox = sandbox is None
         self.metrics = Metrics()
         self.pending = 0
+        self.opening = 0  # sessions being created: they count against max_sessions already
         self.limiter: asyncio.Semaphore | None = None
         self._expiry: asyncio.Task[None] | None = None
         self.started = time.monotonic()
@@ -101,15 +102,24 @@ class ServerState:
         assert self.sandbox is not None, "server not started"
         return self.sandbox
 
-    async def execute(self, make: Callable[[], Awaitable[T]]) -> T:
-        """Run one execution under the concurrency cap, or refuse at once when the queue is full."""
-        if self.pending >= self.settings.max_queued_executions:
+    def admit(self, n: int = 1) -> None:
+        """Take ``n`` queue slots at once, or none (429): a batch is admitted whole or refused.
+
+        Synchronous on purpose: no other request can run between the check and the taking, so
+        concurrent requests cannot all see the same free slots (two batches once overfilled the
+        queue that way, and the programs that found it full failed the request with a 500).
+        """
+        if self.pending + n > self.settings.max_queued_executions:
             self.metrics.rejected.labels("queue_full").inc()
             raise Overloaded(
-                f"{self.pending} executions are running or queued (max {self.settings.max_queued_executions})"
+                f"{self.pending} executions are running or queued and {n} more do not fit "
+                f"(max {self.settings.max_queued_executions})"
             )
-        self.pending += 1
+        self.pending += n
         self.metrics.pending.set(self.pending)
+
+    async def run_admitted(self, make: Callable[[], Awaitable[T]]) -> T:
+        """Run one execution that ``admit`` let in, under the concurrency cap; frees its slot."""
         try:
             assert self.limiter is not None
             async with self.limiter:
@@ -117,6 +127,28 @@ class ServerState:
         finally:
             self.pending -= 1
             self.metrics.pending.set(self.pending)
+
+    async def execute(self, make: Callable[[], Awaitable[T]]) -> T:
+        """Run one execution under the concurrency cap, or refuse at once when the queue is full."""
+        self.admit(1)
+        return await self.run_admitted(make)
+
+    @contextlib.contextmanager
+    def opening_session(self) -> Iterator[None]:
+        """Count a session against ``max_sessions`` from the check on, not from when it exists.
+
+        Creating a session waits for a worker; without this, 40 concurrent creates with a cap of 8
+        all passed the check before any of them existed (29 were made).
+        """
+        live = len(self.sb.sessions) + self.opening
+        if live >= self.settings.max_sessions:
+            self.metrics.rejected.labels("sessions_full").inc()
+            raise Overloaded(f"{self.settings.max_sessions} sessions are open; delete one or wait for expiry")
+        self.opening += 1
+        try:
+            yield
+        finally:
+            self.opening -= 1
 
     async def _expire_loop(self) -> None:
         period = min(5.0, self.settings.session_idle_timeout_s / 4)
