@@ -86,16 +86,35 @@ class _Response:
         return json.loads(self.content)
 
 
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+"""Methods that may be sent twice: a session DELETE answered 404 the second time is still closed."""
+_RESET = (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected, http.client.BadStatusLine)
+"""What a keep-alive connection the server closed at the moment of reuse fails with."""
+
+
 class _ConnectionPool:
     """Thread-safe keep-alive ``http.client`` connections to one server.
 
     A connection is used by one request at a time and goes back to the pool once its response has
     been read. Before reuse it is checked for readability, as httpcore does: an idle connection
     the server has closed (keep-alive expiry) reads as EOF and is replaced rather than failing the
-    request. A request that fails is never re-sent (an execution is not idempotent).
+    request. That check races the server's own timer (uvicorn closes idle connections after 5 s:
+    4-6 resets per 10,000 requests), so two more rules close the gap:
+
+    * a connection idle for ``max_idle_s`` (below the server's keep-alive) is not reused at all;
+    * an idempotent request (``IDEMPOTENT``) that fails on a *reused* connection with a reset
+      before any answer is sent once more on a fresh connection. Executions are POSTs and are
+      never re-sent: the server may have run the code.
     """
 
-    def __init__(self, url: str, headers: dict[str, str], timeout_s: float, max_idle: int = 64) -> None:
+    def __init__(
+        self,
+        url: str,
+        headers: dict[str, str],
+        timeout_s: float,
+        max_idle: int = 64,
+        max_idle_s: float = 4.0,
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"sandbox URL must be http(s)://host[:port][/prefix], got {url!r}")
@@ -106,21 +125,24 @@ class _ConnectionPool:
         self.headers = {"Host": parts.netloc, "Accept": "application/json", **headers}
         self.timeout_s = timeout_s
         self.max_idle = max_idle
-        self._idle: list[http.client.HTTPConnection] = []
+        self.max_idle_s = max_idle_s
+        self._idle: list[tuple[http.client.HTTPConnection, float]] = []  # (connection, idle since)
         self._lock = threading.Lock()
         self._ssl = ssl.create_default_context() if self.https else None
 
-    def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
+    def _reusable(self, timeout_s: float) -> http.client.HTTPConnection | None:
         while True:
             with self._lock:
-                conn = self._idle.pop() if self._idle else None
+                conn, since = self._idle.pop() if self._idle else (None, 0.0)
             if conn is None:
-                break
+                return None
             sock = conn.sock
-            if sock is not None and not _readable(sock):
+            if sock is not None and time.monotonic() - since < self.max_idle_s and not _readable(sock):
                 sock.settimeout(timeout_s)
                 return conn
-            conn.close()  # closed by the server while idle (or unexpected bytes): start afresh
+            conn.close()  # too old, closed by the server while idle, or unexpected bytes
+
+    def _fresh(self, timeout_s: float) -> http.client.HTTPConnection:
         if self.https:
             conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout_s, context=self._ssl)
         else:
@@ -135,7 +157,24 @@ class _ConnectionPool:
         headers = dict(self.headers)
         if body is not None:
             headers["Content-Type"] = "application/json"
-        conn = self._connection(timeout_s)
+        reused = self._reusable(timeout_s)
+        conn = reused or self._fresh(timeout_s)
+        try:
+            return self._exchange(conn, method, path, body, headers)
+        except _RESET:
+            if reused is None or method not in IDEMPOTENT:
+                raise
+        return self._exchange(self._fresh(timeout_s), method, path, body, headers)
+
+    def _exchange(
+        self,
+        conn: http.client.HTTPConnection,
+        method: str,
+        path: str,
+        body: bytes | None,
+        headers: dict[str, str],
+    ) -> _Response:
+        """One request and its response on ``conn``, which then goes back to the pool or is closed."""
         try:
             conn.request(method, self.prefix + path, body=body, headers=headers)
             resp = conn.getresponse()
@@ -146,19 +185,18 @@ class _ConnectionPool:
         result = _Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, content)
         if resp.will_close or conn.sock is None:
             conn.close()
-        else:
-            with self._lock:
-                if len(self._idle) < self.max_idle:
-                    self._idle.append(conn)
-                    conn = None  # type: ignore[assignment]
-            if conn is not None:
-                conn.close()
+            return result
+        with self._lock:
+            if len(self._idle) < self.max_idle:
+                self._idle.append((conn, time.monotonic()))
+                return result
+        conn.close()
         return result
 
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
-        for conn in idle:
+        for conn, _ in idle:
             conn.close()
 
 

@@ -14,8 +14,12 @@ connection. A client address always maps to the same live replica, because a ses
 replica's memory: every client host (and every trainer container) stays on one replica while
 different clients spread over all of them.
 
-Run: ``python3 docker_gateway.py --listen 0.0.0.0:8080 --upstream-dir /run/sandbox``
-(or ``--upstream HOST:PORT`` to relay to a TCP service instead).
+Run: ``python3 docker_gateway.py --upstream-dir /run/sandbox`` (or ``--upstream HOST:PORT`` to
+relay to a TCP service instead). It listens on 127.0.0.1:8080 unless told otherwise: the relay has
+no authentication of its own, so only pass ``--listen 0.0.0.0:PORT`` where the network in front of
+it is private, as in compose.yaml (the container's port is published on the host's loopback only,
+and the sandbox behind it still requires its bearer token). Listening beyond loopback is logged as
+a warning.
 """
 
 from __future__ import annotations
@@ -24,12 +28,23 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import ipaddress
 import logging
 import os
 import signal
 import sys
 
 log = logging.getLogger("sandbox.gateway")
+DEFAULT_LISTEN = "127.0.0.1:8080"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def rank_replicas(replicas: list[str], client: str) -> list[str]:
@@ -124,19 +139,34 @@ async def serve(listen: tuple[str, int], relay: Relay) -> None:
         await stop.wait()
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="docker_gateway", description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--listen", default="0.0.0.0:8080", help="HOST:PORT to accept connections on")
+    p.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        help="HOST:PORT to accept connections on (default: loopback; the relay has no auth of its own)",
+    )
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--upstream-dir", help="folder of the replicas' Unix sockets (*.sock)")
     target.add_argument("--upstream", help="HOST:PORT of a TCP upstream")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.upstream_dir:
         relay = Relay(socket_dir=args.upstream_dir)
     else:
         relay = Relay(tcp=_host_port(args.upstream, "--upstream"))
-    asyncio.run(serve(_host_port(args.listen, "--listen"), relay))
+    listen = _host_port(args.listen, "--listen")
+    if not _is_loopback(listen[0]):
+        log.warning(
+            "gateway: listening on %s, beyond loopback, with no authentication of its own; only the "
+            "sandbox's bearer token protects it: keep this port on a private network",
+            args.listen,
+        )
+    asyncio.run(serve(listen, relay))
     return 0
 
 

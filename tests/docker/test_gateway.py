@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from sandbox.docker_gateway import Relay, rank_replicas
+from sandbox.docker_gateway import Relay, build_parser, rank_replicas
 
 
 def test_rank_is_stable_per_client_and_spreads_clients():
@@ -87,3 +87,10 @@ def test_relay_needs_exactly_one_upstream():
         Relay()
     with pytest.raises(ValueError):
         Relay(socket_dir="/x", tcp=("h", 1))
+
+
+def test_listens_on_loopback_unless_told_otherwise():
+    """The relay has no auth of its own: 0.0.0.0 must be asked for (compose.yaml does, privately)."""
+    assert build_parser().parse_args(["--upstream-dir", "/run/sandbox"]).listen == "127.0.0.1:8080"
+    explicit = build_parser().parse_args(["--listen", "0.0.0.0:8080", "--upstream-dir", "/run/sandbox"])
+    assert explicit.listen == "0.0.0.0:8080"

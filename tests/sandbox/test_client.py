@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 
 from sandbox import AsyncClient, Client, SandboxUnavailable
-from sandbox.client import SandboxRequestError
+from sandbox.client import RemoteSession, SandboxRequestError
 from sandbox.server import create_app
 from sandbox.settings import SandboxSettings
 from tests.sandbox.conftest import need_bwrap
@@ -113,15 +113,72 @@ def test_client_replaces_a_connection_the_server_closed_while_idle() -> None:
             if soft < 1100 <= hard:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (1100, hard))
             while c._http._idle:  # so that the next request opens a new socket, above 1024
-                c._http._idle.pop().close()
+                c._http._idle.pop()[0].close()
             spare = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
             try:
                 assert c.healthy() and c.healthy()  # a fresh socket above 1024, then reused
-                assert c._http._idle[0].sock.fileno() > 1024
+                assert c._http._idle[0][0].sock.fileno() > 1024
             finally:
                 for fd in spare:
                     os.close(fd)
                 if soft < 1100 <= hard:
                     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    finally:
+        server.shutdown()
+
+
+def test_an_idempotent_request_is_resent_once_after_a_keep_alive_reset() -> None:
+    """The server closes a kept-alive connection just as the client reuses it (keep-alive expiry):
+    a GET or DELETE goes out again on a fresh connection; an execution (POST) is never re-sent."""
+    import struct
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[tuple[str, int]] = []  # (method, request number on its connection)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def handle_one_request_(self, method: str) -> None:
+            n = getattr(self, "count", 0) + 1
+            self.count = n
+            seen.append((method, n))
+            if n == 2:  # read the request, then reset the connection without answering
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.close_connection = True
+                self.connection.close()
+                return
+            body = b'{"id": "s1"}'
+            self.send_response(200 if method != "DELETE" else 204)
+            self.send_header("Content-Length", str(len(body)) if method != "DELETE" else "0")
+            self.end_headers()
+            if method != "DELETE":
+                self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self.handle_one_request_("GET")
+
+        def do_DELETE(self) -> None:
+            self.handle_one_request_("DELETE")
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.handle_one_request_("POST")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with Client(f"http://127.0.0.1:{server.server_port}", retries=0) as c:
+            assert c._request("GET", "/v1/sessions/s1") == {"id": "s1"}
+            assert c._request("GET", "/v1/sessions/s1") == {"id": "s1"}  # reset, then re-sent
+            assert seen == [("GET", 1), ("GET", 2), ("GET", 1)]
+            with pytest.raises(SandboxUnavailable):
+                c.run("1")  # a POST, second on the new connection, reset: never re-sent
+            assert seen[3:] == [("POST", 2)]
+            c._request("GET", "/x")  # a fresh connection, kept alive
+            RemoteSession(c, "s1").close()  # DELETE, second on it: reset, then re-sent
+            assert seen[4:] == [("GET", 1), ("DELETE", 2), ("DELETE", 1)]
     finally:
         server.shutdown()

@@ -150,4 +150,5 @@ def test_a_chunked_body_over_the_cap_is_refused_while_it_streams(small_cap_serve
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413"), reply[:300]
     assert b"request body too large" in body  # not "code is N bytes": refused before it was parsed
-    assert sent < total // 2, f"the server read {sent} of {total} bytes before refusing"
+    # The cap is ~4 MiB; loopback socket buffers hold several more MiB of what was sent.
+    assert sent < total // 2, f"{sent} of {total} bytes went out before the refusal (cap {cap})"
