@@ -52,7 +52,28 @@ class ResetNeeded(RuntimeError):
 
 
 class ToolEnv(gym.Env[list[Message], str]):
-    """Multi-turn tool use over a task source; see the module docstring for the full API."""
+    """Multi-turn tool use over a task source; see the module docstring for the full API.
+
+    Args:
+        tasks: an indexable task source (GeneratedTasks, load_tasks(...), a list of Task).
+        tools: the tools the agent may call; None = one PythonTool on `sandbox`; [] = no tools
+            (single-turn: every turn ends the episode).
+        tool_format: "code" (```python / ```output) or "hermes" (<tool_call> JSON).
+        system_prompt: None builds a short one from the format; "" sends no system message.
+        max_turns: assistant turns before truncation.
+        max_tool_calls: tool calls per episode before truncation (the budget).
+        max_calls_per_turn: further calls in one turn get an error message instead of running.
+        max_output_chars: each tool result is cut to this many characters, with a marker.
+        observation_role: role of result messages; "user" for chat templates without `tool`.
+        verifier: (predicted or None, gold) -> Verification; None = the process-wide MathVerifier
+            (exact numbers, symbolic equivalence in a worker with a 5 s timeout). A custom
+            verifier is called in-process: give it its own timeout (e.g. a MathVerifier).
+        sandbox: backend for the default PythonTool: None or "local" (one LocalSandbox shared
+            by the process), an "http(s)://" sandbox service URL, or an object with `.session()`
+            (shared, never copied, when Gymnasium copies the env's spec).
+        python_timeout_s: wall-clock limit of each code execution.
+        sandbox_limits: per-session limit overrides for the backend (e.g. {"memory_mb": 512}).
+    """
 
     # Text has no frame rate; render_fps is declared only because Gymnasium's checker asks for it.
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012
@@ -77,32 +98,7 @@ class ToolEnv(gym.Env[list[Message], str]):
         max_action_chars: int = 16_384,
         render_mode: str | None = None,
     ) -> None:
-        """Args:
-        tasks: an indexable task source (GeneratedTasks, load_tasks(...), a list of Task).
-        tools: the tools the agent may call; None = one PythonTool on `sandbox`; [] = no tools
-            (single-turn: every turn ends the episode).
-        tool_format: "code" (```python / ```output) or "hermes" (<tool_call> JSON).
-        system_prompt: None builds a short one from the format; "" sends no system message.
-        max_turns: assistant turns before truncation.
-        max_tool_calls: tool calls per episode before truncation (the budget).
-        max_calls_per_turn: further calls in one turn get an error message instead of running.
-        max_output_chars: each tool result is cut to this many characters, with a marker.
-        observation_role: role of result messages; "user" for chat templates without `tool`.
-        verifier: (predicted or None, gold) -> Verification; None = the process-wide MathVerifier
-            (exact numbers, symbolic equivalence in a worker with a 5 s timeout). A custom
-            verifier is called in-process: give it its own timeout (e.g. a MathVerifier).
-        sandbox: backend for the default PythonTool: None or "local" (one LocalSandbox shared
-            by the process), an "http(s)://" sandbox service URL, or an object with `.session()`
-            (shared, never copied, when Gymnasium copies the env's spec).
-        python_timeout_s: wall-clock limit of each code execution.
-        sandbox_limits: per-session limit overrides for the backend (e.g. {"memory_mb": 512}).
-        """
-        if max_turns < 1 or max_tool_calls < 0 or max_calls_per_turn < 1 or max_output_chars < 64:
-            raise ValueError(
-                "need max_turns >= 1, max_tool_calls >= 0, max_calls_per_turn >= 1, max_output_chars >= 64"
-            )
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}")
+        self._check_budgets(max_turns, max_tool_calls, max_calls_per_turn, max_output_chars, render_mode)
         self.tasks: TaskSource = ListTasks(tasks) if isinstance(tasks, (list, tuple)) else tasks
         if len(self.tasks) == 0:
             raise ValueError("the task source is empty")
@@ -137,6 +133,21 @@ class ToolEnv(gym.Env[list[Message], str]):
         self.turn = 0
         self.tool_calls_used = 0
         self._done = True
+
+    def _check_budgets(
+        self,
+        max_turns: int,
+        max_tool_calls: int,
+        max_calls_per_turn: int,
+        max_output_chars: int,
+        render_mode: str | None,
+    ) -> None:
+        if max_turns < 1 or max_tool_calls < 0 or max_calls_per_turn < 1 or max_output_chars < 64:
+            raise ValueError(
+                "need max_turns >= 1, max_tool_calls >= 0, max_calls_per_turn >= 1, max_output_chars >= 64"
+            )
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}")
 
     # ----- Gymnasium spec ----------------------------------------------------------------------
     _spec: EnvSpec | None = None

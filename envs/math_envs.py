@@ -7,6 +7,7 @@ from "envs.math_envs:<Class>" and so a user can subclass them.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from envs.env import ToolEnv
 from envs.tasks.base import TaskSource
 from envs.tasks.datasets import load_tasks
 from envs.tasks.generated import FAMILIES, GeneratedTasks
+from envs.tasks.splits import EVAL, TRAIN, ConcatTasks, SplitTasks, generated_splits
 from envs.tools.calculator import CalculatorTool
 
 ARITHMETIC_FAMILIES = ("multiply", "add", "power", "modpow")
@@ -24,51 +26,57 @@ ARITHMETIC_FAMILIES = ("multiply", "add", "power", "modpow")
 def math_tasks(
     dataset: str | Path | TaskSource | None = None,
     *,
+    eval_dataset: str | Path | TaskSource | None = None,
     problem_field: str = "problem",
     answer_field: str = "answer",
     split: str | None = None,
+    eval_split: str | None = None,
     limit: int | None = None,
     families: Sequence[str] = tuple(FAMILIES),
     difficulty: int = 1,
     seed: int = 0,
 ) -> TaskSource:
-    """A dataset's tasks when `dataset` is a path (or a source), else generated tasks."""
+    """A dataset's tasks when `dataset` is a path (or a source), else generated tasks; with splits.
+
+    Generated tasks come with train, eval and demo splits (`generated_splits`). A dataset is all
+    training data unless `eval_dataset` names held-out rows (another file, or the same folder with
+    `eval_split=`); it has no demo split, since its rows carry no solution program to demonstrate.
+    """
     if dataset is None:
-        return GeneratedTasks(families=families, difficulty=difficulty, seed=seed)
-    if isinstance(dataset, (str, Path)):
-        return load_tasks(
-            dataset, problem_field=problem_field, answer_field=answer_field, split=split, limit=limit
-        )
-    return dataset
+        if eval_dataset is not None:
+            raise ValueError(
+                "eval_dataset needs a training dataset too (generated tasks have their own eval split)"
+            )
+        generated = GeneratedTasks(families=families, difficulty=difficulty, seed=seed)
+        return SplitTasks(generated, generated_splits(len(generated)))
+    fields = {"problem_field": problem_field, "answer_field": answer_field, "limit": limit}
+    train = _as_source(dataset, split=split, **fields)
+    if eval_dataset is None:
+        return train
+    held_out = _as_source(eval_dataset, split=eval_split, **fields)
+    return SplitTasks(
+        ConcatTasks([train, held_out]),
+        {TRAIN: range(len(train)), EVAL: range(len(train), len(train) + len(held_out))},
+    )
+
+
+def _as_source(dataset: str | Path | TaskSource, **options: Any) -> TaskSource:
+    return load_tasks(dataset, **options) if isinstance(dataset, (str, Path)) else dataset
+
+
+_TASK_OPTIONS = frozenset(p for p in inspect.signature(math_tasks).parameters if p != "dataset")
 
 
 class PythonMathEnv(ToolEnv):
-    """Math with a persistent Python sandbox (```python blocks by default, or tool_format="hermes")."""
+    """Math with a persistent Python sandbox (```python blocks by default, or tool_format="hermes").
 
-    def __init__(
-        self,
-        dataset: str | Path | TaskSource | None = None,
-        *,
-        problem_field: str = "problem",
-        answer_field: str = "answer",
-        split: str | None = None,
-        limit: int | None = None,
-        families: Sequence[str] = tuple(FAMILIES),
-        difficulty: int = 1,
-        seed: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        tasks = math_tasks(
-            dataset,
-            problem_field=problem_field,
-            answer_field=answer_field,
-            split=split,
-            limit=limit,
-            families=families,
-            difficulty=difficulty,
-            seed=seed,
-        )
-        super().__init__(tasks, **kwargs)
+    Keyword arguments named like `math_tasks`' options choose the tasks (dataset fields, splits,
+    generated families, difficulty, seed); every other one goes to `ToolEnv`.
+    """
+
+    def __init__(self, dataset: str | Path | TaskSource | None = None, **kwargs: Any) -> None:
+        options = {k: kwargs.pop(k) for k in _TASK_OPTIONS & kwargs.keys()}
+        super().__init__(math_tasks(dataset, **options), **kwargs)
 
 
 class MathNoToolEnv(PythonMathEnv):

@@ -110,8 +110,6 @@ class PythonTool(Tool):
         self.session_limits = dict(session_limits or {})
         self._stack: contextlib.ExitStack | None = None
         self._session: SessionLike | None = None
-        self.sessions_opened = 0
-        """How many sessions this tool has opened; lets tests check one session per episode."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PythonTool:
         # gymnasium.make deep-copies env kwargs (tools=[...]); a copy shares the backend and
@@ -143,7 +141,6 @@ class PythonTool(Tool):
             stack.close()
             raise ToolInfraError(f"could not open a sandbox session: {type(exc).__name__}: {exc}") from exc
         self._stack, self._session = stack, entered
-        self.sessions_opened += 1
 
     def close(self) -> None:
         """Close the session; never raises, since it runs on cleanup paths."""
