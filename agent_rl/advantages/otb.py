@@ -1,7 +1,7 @@
 """The Optimal Token Baseline (OTB), single-turn and tool-integrated (TIR), and its exact diagnostic.
 
 Paper: "The Optimal Token Baseline: Variance Reduction for Long-Horizon LLM-RL" (arXiv 2602.07078).
-The maths, edge cases included, is in shared/OTB.md; this module follows it symbol for symbol:
+The maths, edge cases included, is in docs/otb.md; this module follows it symbol for symbol:
 
     w_t   = (1 - 2 p_t(y_t) + sum_v p_t(v)^2) * rho_t^2     logit-gradient proxy of ||grad log p(y_t)||^2
     W_t^i = sum_{j <= t} w_j^i m_j^i                       cumulative weight (masked prefix sum)

@@ -41,7 +41,7 @@ def make_inputs(rewards, mask, groups, w=None, **kw) -> AdvantageInputs:
 def reference_otb(
     rewards, mask, old_lp, sp2, groups, *, multi_turn, handle_zero_tail, is_weights=None, valid=None
 ):
-    """OTB straight from shared/OTB.md with Python loops over rows, groups and positions (float64)."""
+    """OTB straight from docs/otb.md with Python loops over rows, groups and positions (float64)."""
     B, L = rewards.shape
     ok = [True] * B if valid is None else [bool(v) for v in valid]
     m = [[bool(mask[i, t]) and ok[i] for t in range(L)] for i in range(B)]
