@@ -142,20 +142,7 @@ def ppo_loss(
     entropy:        (B, L) policy entropy, differentiable; required when config.entropy_coef > 0.
     denominator:    see `aggregate`; pass the mini-batch count when accumulating gradients.
     """
-    shape = log_probs.shape
-    for name, t in (
-        ("old_log_probs", old_log_probs),
-        ("advantages", advantages),
-        ("response_mask", response_mask),
-    ):
-        if t.shape != shape:
-            raise ValueError(f"{name} shape {tuple(t.shape)} != log_probs shape {tuple(shape)}")
-    if config.kl_coef > 0 and ref_log_probs is None:
-        raise ValueError(
-            "kl_coef > 0 needs ref_log_probs (log-probs under the reference policy); or set kl_coef=0"
-        )
-    if config.entropy_coef > 0 and entropy is None:
-        raise ValueError("entropy_coef > 0 needs the per-token entropy; compute it with agent_rl.logprobs")
+    _check_inputs(log_probs, old_log_probs, advantages, response_mask, config, ref_log_probs, entropy)
     mask = response_mask.bool()  # (B, L)
     if valid is not None:
         mask = mask & valid.bool()[:, None]
@@ -172,52 +159,103 @@ def ppo_loss(
     if config.dual_clip is not None:
         pg_loss3 = -advantages * config.dual_clip  # (B, L) cap for negative advantages
         pg_losses = torch.where(advantages < 0, torch.minimum(pg_loss_clip, pg_loss3), pg_loss_clip)
-    mode = config.loss_agg_mode
-    pg_loss = aggregate(pg_losses, mask, mode, denominator)
-    loss = pg_loss
+    pg_loss = aggregate(pg_losses, mask, config.loss_agg_mode, denominator)
 
+    regulariser, metrics = _regularisers(log_probs, mask, config, ref_log_probs, entropy, denominator)
+    loss = pg_loss + regulariser
+    metrics.update(_clip_metrics(ratio, log_ratio, pg_loss1, pg_loss2, advantages, mask, config))
+    if config.dual_clip is not None:
+        with torch.no_grad():
+            dual = (advantages < 0) & (pg_loss3 < pg_loss_clip) & mask
+            metrics["losses/dual_clipfrac"] = dual.sum() / mask.sum().clamp_min(1)
+    metrics["losses/pg_loss"] = pg_loss.detach()
+    metrics["losses/loss"] = loss.detach()
+    return PPOLossOutput(loss=loss, metrics=metrics)
+
+
+def _check_inputs(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PPOLossConfig,
+    ref_log_probs: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+) -> None:
+    for name, t in (
+        ("old_log_probs", old_log_probs),
+        ("advantages", advantages),
+        ("response_mask", response_mask),
+    ):
+        if t.shape != log_probs.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} != log_probs shape {tuple(log_probs.shape)}")
+    if config.kl_coef > 0 and ref_log_probs is None:
+        raise ValueError(
+            "kl_coef > 0 needs ref_log_probs (log-probs under the reference policy); or set kl_coef=0"
+        )
+    if config.entropy_coef > 0 and entropy is None:
+        raise ValueError("entropy_coef > 0 needs the per-token entropy; compute it with agent_rl.logprobs")
+
+
+def _regularisers(
+    log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    config: PPOLossConfig,
+    ref_log_probs: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+    denominator: float | torch.Tensor | None,
+) -> tuple[torch.Tensor | float, dict[str, torch.Tensor]]:
+    """The KL-to-reference penalty minus the entropy bonus (aggregated like the policy loss), and
+    their values as metrics whenever the inputs are there, even at coefficient 0."""
+    zero, mode = torch.zeros_like(log_probs), config.loss_agg_mode
+    total: torch.Tensor | float = 0.0
     metrics: dict[str, torch.Tensor] = {}
-    if config.kl_coef > 0 or ref_log_probs is not None:
-        assert ref_log_probs is not None
+    if ref_log_probs is not None:
         ref = torch.where(mask, ref_log_probs.detach().to(log_probs.dtype), zero)
         kl = kl_penalty(torch.where(mask, log_probs, zero), ref, config.kl_estimator)  # (B, L)
         kl_loss = aggregate(kl, mask, mode, denominator)
         if config.kl_coef > 0:
-            loss = loss + config.kl_coef * kl_loss
+            total = total + config.kl_coef * kl_loss
         metrics["losses/kl_ref"] = kl_loss.detach()
     if entropy is not None:
         entropy_mean = aggregate(torch.where(mask, entropy, zero), mask, mode, denominator)
         if config.entropy_coef > 0:
-            loss = loss - config.entropy_coef * entropy_mean
+            total = total - config.entropy_coef * entropy_mean
         metrics["losses/entropy"] = entropy_mean.detach()
+    return total, metrics
 
-    with torch.no_grad():
-        n_tokens = mask.sum().clamp_min(1)
 
-        def token_mean(x: torch.Tensor) -> torch.Tensor:
-            return torch.where(mask, x, torch.zeros_like(x)).sum() / n_tokens
+@torch.no_grad()
+def _clip_metrics(
+    ratio: torch.Tensor,
+    log_ratio: torch.Tensor,
+    pg_loss1: torch.Tensor,
+    pg_loss2: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: PPOLossConfig,
+) -> dict[str, torch.Tensor]:
+    """Token means over `mask` of how far the policy moved and how often the clip bit; the ratio's
+    extremes; the token count (the learner combines micro-batches by it)."""
+    n_tokens = mask.sum().clamp_min(1)
 
-        clipped = (ratio < 1.0 - config.clip_ratio_low) | (ratio > 1.0 + config.clip_ratio_high)
-        metrics["losses/pg_loss"] = pg_loss.detach()
-        metrics["losses/loss"] = loss.detach()
-        metrics["losses/clipfrac"] = token_mean(clipped.to(ratio.dtype))
-        metrics["losses/pg_clipfrac"] = token_mean((pg_loss2 > pg_loss1).to(ratio.dtype))
-        metrics["losses/approx_kl"] = token_mean((ratio - 1.0) - log_ratio)  # k3 of (old || new)
-        metrics["losses/old_approx_kl"] = token_mean(-log_ratio)
-        metrics["losses/ratio_mean"] = token_mean(ratio)
-        big = torch.finfo(ratio.dtype).max
-        metrics["losses/ratio_max"] = (
-            torch.where(mask, ratio, torch.full_like(ratio, -big)).max()
-            if mask.any()
-            else ratio.new_tensor(1.0)
-        )
-        metrics["losses/ratio_min"] = (
-            torch.where(mask, ratio, torch.full_like(ratio, big)).min()
-            if mask.any()
-            else ratio.new_tensor(1.0)
-        )
-        if config.dual_clip is not None:
-            dual = (advantages < 0) & (pg_loss3 < pg_loss_clip)
-            metrics["losses/dual_clipfrac"] = token_mean(dual.to(ratio.dtype))
-        metrics["losses/n_tokens"] = mask.sum().to(ratio.dtype)
-    return PPOLossOutput(loss=loss, metrics=metrics)
+    def token_mean(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(mask, x, torch.zeros_like(x)).sum() / n_tokens
+
+    clipped = (ratio < 1.0 - config.clip_ratio_low) | (ratio > 1.0 + config.clip_ratio_high)
+    big = torch.finfo(ratio.dtype).max
+    any_token = bool(mask.any())
+    return {
+        "losses/clipfrac": token_mean(clipped.to(ratio.dtype)),
+        "losses/pg_clipfrac": token_mean((pg_loss2 > pg_loss1).to(ratio.dtype)),
+        "losses/approx_kl": token_mean((ratio - 1.0) - log_ratio),  # k3 of (old || new)
+        "losses/old_approx_kl": token_mean(-log_ratio),
+        "losses/ratio_mean": token_mean(ratio),
+        "losses/ratio_max": torch.where(mask, ratio, torch.full_like(ratio, -big)).max()
+        if any_token
+        else ratio.new_tensor(1.0),
+        "losses/ratio_min": torch.where(mask, ratio, torch.full_like(ratio, big)).min()
+        if any_token
+        else ratio.new_tensor(1.0),
+        "losses/n_tokens": mask.sum().to(ratio.dtype),
+    }

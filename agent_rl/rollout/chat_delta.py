@@ -66,7 +66,6 @@ class ChatDelta:
             )
         self._closing = self._base[at + len(marker) :]
         eos = tokenizer.eos_token or ""
-        self._eos_id = tokenizer.eos_token_id
         self._closing_after_eos = (
             self._closing[len(eos) :] if eos and self._closing.startswith(eos) else self._closing
         )
