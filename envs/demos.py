@@ -86,3 +86,26 @@ def demonstration(env: gym.Env, task_index: int) -> Episode:
         tool = "python" if "python" in base.tools else next(iter(base.tools))
         turns = scripted_solution(task, base.format.name, tool=tool)
     return play(env, turns, options={"task_index": task_index})
+
+
+def confident_guess(answer: str) -> str:
+    """A plausible but wrong answer: `answer` rounded to two significant digits (an integer
+    answer; others get a marker appended). The demonstration of a model that estimates instead
+    of computing."""
+    try:
+        value = int(answer)
+    except ValueError:
+        return answer + "?"
+    digits = len(str(abs(value)))
+    if digits <= 2:
+        return str(value + 1)
+    scale = 10 ** (digits - 2)
+    guess = round(value / scale) * scale
+    return str(guess if guess != value else value + scale)
+
+
+def guess_demonstration(env: gym.Env, task_index: int) -> Episode:
+    """Task `task_index` answered at once, without the tool, with a confident wrong guess."""
+    task = env.unwrapped.tasks[task_index]
+    return play(env, [f"\\boxed{{{confident_guess(task.answer)}}}"], options={"task_index": task_index})
+

@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agent_rl.tiny_model import load_model_and_tokenizer  # noqa: E402
+from agent_rl.build import load_model_and_tokenizer  # noqa: E402
 from agent_rl.warmup import run_warmup, tokenize_conversation  # noqa: E402
 
 CONV = [
@@ -32,3 +32,32 @@ def test_warmup_lowers_the_loss(tiny_model_dir) -> None:
     ex = tokenize_conversation(tok, CONV)
     losses = run_warmup(model, [ex], steps=30, batch_size=2, lr=3e-3, pad_id=tok.pad_token_id, seed=0)
     assert losses[-1] < 0.5 * losses[0]
+
+
+@pytest.mark.parametrize("schedule", ["linear", "constant"])
+def test_lr_schedule_linear_anneals_to_zero(tiny_model_dir, schedule: str) -> None:
+    """With the linear schedule the last step is taken at about lr/steps, so the end point does not
+    hinge on the noise of the last few full-rate steps."""
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    ex = tokenize_conversation(tok, CONV)
+    rates: list[float] = []
+    real_step = torch.optim.AdamW.step
+
+    def spy(opt, *args, **kwargs):
+        rates.append(opt.param_groups[0]["lr"])
+        return real_step(opt, *args, **kwargs)
+
+    torch.optim.AdamW.step = spy
+    try:
+        run_warmup(
+            model, [ex], steps=10, batch_size=1, lr=1e-3, pad_id=tok.pad_token_id, seed=0, lr_schedule=schedule
+        )
+    finally:
+        torch.optim.AdamW.step = real_step
+    assert len(rates) == 10 and rates[0] == pytest.approx(1e-3)
+    if schedule == "linear":
+        assert rates[-1] == pytest.approx(1e-4) and all(a > b for a, b in zip(rates, rates[1:]))
+    else:
+        assert rates == [pytest.approx(1e-3)] * 10
+    with pytest.raises(ValueError, match="lr_schedule"):
+        run_warmup(model, [ex], steps=1, batch_size=1, lr=1e-3, pad_id=0, seed=0, lr_schedule="cosine")

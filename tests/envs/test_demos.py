@@ -57,3 +57,25 @@ def test_difficulty_zero_matches_the_easy_env() -> None:
     assert obs[1]["content"] == GeneratedTasks(families=("multiply",), difficulty=0)[0].problem
     assert obs[1]["content"].startswith("Compute ") and len(obs[0]["content"]) < 50
     env.close()
+
+
+@pytest.mark.parametrize("answer", ["528556", "100000", "530000", "99", "7", "-4200", "3/4"])
+def test_confident_guess_is_plausible_and_wrong(answer: str) -> None:
+    from envs.demos import confident_guess
+
+    guess = confident_guess(answer)
+    assert guess != answer
+    if answer.lstrip("-").isdigit() and len(answer) > 2:
+        assert len(guess) == len(answer)  # same magnitude: looks like an answer to this task
+
+
+def test_guess_demonstration_answers_without_the_tool_and_scores_zero(sandbox) -> None:
+    from envs.demos import guess_demonstration
+
+    env = gym.make("agent_rl/PythonArithEasy-v0", sandbox=sandbox)
+    episode = guess_demonstration(env, 5)
+    env.close()
+    assert episode.terminated and episode.total_reward == 0.0
+    assistant = [m["content"] for m in episode.messages if m["role"] == "assistant"]
+    assert len(assistant) == 1 and assistant[0].startswith("\\boxed{")
+    assert not any(m["role"] == "tool" for m in episode.messages)
