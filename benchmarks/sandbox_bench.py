@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sandbox import Client, LocalSandbox  # noqa: E402
-from sandbox.launcher import default_python  # noqa: E402
+from sandbox.bwrap.launcher import default_python  # noqa: E402
 
 CODE = "print(1)"
 POOL = 8  # warm workers, in-process and in the server

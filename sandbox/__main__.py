@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
-    from sandbox.server import create_app
-    from sandbox.settings import SandboxSettings
+    from sandbox.http.server import create_app
+    from sandbox.http.settings import SandboxSettings
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

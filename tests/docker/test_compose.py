@@ -143,7 +143,7 @@ def test_auth_is_required(stack):
 
 
 def test_session_round_trip_over_http(stack):
-    from sandbox.client import Client
+    from sandbox.http.client import Client
 
     client = Client(stack.url, token=stack.token)
     with client.session() as s:

@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.docker
 
-from sandbox.docker_backend import (  # noqa: E402
+from sandbox.docker.backend import (  # noqa: E402
     LABEL_OWNER,
     LABEL_ROLE,
     ROLE_WORKER,
@@ -62,7 +62,7 @@ def test_session_round_trip_keeps_globals(backend):
 
 def test_container_is_hardened(backend, docker_client):
     with backend.session() as s:
-        attrs = docker_client.containers.get(s.container_id).attrs
+        attrs = docker_client.containers.get(s.worker_id).attrs
         host = attrs["HostConfig"]
         assert host["NetworkMode"] == "none"
         assert host["ReadonlyRootfs"] is True
@@ -104,7 +104,7 @@ def test_container_is_hardened(backend, docker_client):
 def test_wall_timeout_kills_and_restarts_the_session(backend, docker_client):
     with backend.session() as s:
         s.run("kept = 1")
-        first = s.container_id
+        first = s.worker_id
         r = s.run("while True: pass", timeout_s=1.0)
         assert r.timed_out and r.limit == "wall_time" and r.session_restarted and not r.ok
         assert _gone(docker_client, first), "the timed-out container is still there"
@@ -174,7 +174,7 @@ def test_pid_limit_holds(backend):
 
 def test_session_close_removes_its_container(backend, docker_client):
     s = backend.session()
-    cid = s.container_id
+    cid = s.worker_id
     assert s.run("1").ok
     s.close()
     assert _gone(docker_client, cid)
@@ -221,10 +221,10 @@ def test_missing_image_is_sandbox_unavailable(docker_client):
 _CRASHER = textwrap.dedent(
     """
     import sys
-    from sandbox.docker_backend import DockerSandbox
+    from sandbox.docker.backend import DockerSandbox
     sb = DockerSandbox(sys.argv[1], pool_size=0, reap_orphans=False)
     s = sb.session()
-    print(s.container_id, flush=True)
+    print(s.worker_id, flush=True)
     if sys.argv[2] == "busy":
         s.run("while True: pass", timeout_s=290)
     else:
@@ -257,6 +257,6 @@ def test_reaper_removes_orphans_of_a_crashed_owner_only(backend, sandbox_image, 
     with backend.session() as live:
         report = reap_orphans_now(docker_client)
         assert cid in report.removed
-        assert live.container_id in report.kept  # a live owner's container is left alone
+        assert live.worker_id in report.kept  # a live owner's container is left alone
         assert live.run("1 + 1").value == "2"
     assert _gone(docker_client, cid)

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from sandbox.docker_gateway import Relay, build_parser, rank_replicas
+from sandbox.docker.gateway import Relay, build_parser, rank_replicas
 
 
 def test_rank_is_stable_per_client_and_spreads_clients():

@@ -12,9 +12,9 @@ import pytest
 import uvicorn
 
 from sandbox import AsyncClient, Client, SandboxUnavailable
-from sandbox.client import RemoteSession, SandboxRequestError
-from sandbox.server import create_app
-from sandbox.settings import SandboxSettings
+from sandbox.http.client import RemoteSession, SandboxRequestError
+from sandbox.http.server import create_app
+from sandbox.http.settings import SandboxSettings
 from tests.sandbox.conftest import need_bwrap
 
 

@@ -202,7 +202,8 @@ async def test_async_session_run(sb: LocalSandbox) -> None:
 
 def test_worker_start_failure_is_an_infrastructure_error(monkeypatch) -> None:
     """An OSError starting a worker (EPERM, ENOMEM) surfaces as SandboxUnavailable, never a bare error."""
-    from sandbox import SandboxUnavailable, launcher
+    from sandbox import SandboxUnavailable
+    from sandbox.bwrap import launcher
 
     def refuse(*args, **kwargs):
         raise PermissionError(1, "Operation not permitted")
@@ -221,7 +222,7 @@ def test_taking_a_uid_kills_what_a_dead_owner_left_running(tmp_path) -> None:
     import subprocess
     import time
 
-    from sandbox.launcher import UidAllocator
+    from sandbox.bwrap.launcher import UidAllocator
 
     alloc = UidAllocator(base=299_990, count=1)
     orphan = subprocess.Popen(["sleep", "60"], user=299_990)
@@ -239,9 +240,9 @@ def test_taking_a_uid_kills_what_a_dead_owner_left_running(tmp_path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="per-worker uids are only used when the server runs as root")
 def test_only_a_uid_given_back_clean_skips_the_orphan_scan(monkeypatch) -> None:
-    from sandbox import launcher
+    from sandbox.bwrap import launcher
     from sandbox.limits import DEFAULT_LIMITS
-    from sandbox.protocol import ChannelTimeout, exec_request
+    from sandbox.session.protocol import ChannelTimeout, exec_request
 
     # Uids of our own (by pid), so that a concurrent run of this suite cannot hold them.
     uid, worker_uid = 298_000 + 2 * (os.getpid() % 500), 298_001 + 2 * (os.getpid() % 500)
@@ -268,7 +269,7 @@ def test_only_a_uid_given_back_clean_skips_the_orphan_scan(monkeypatch) -> None:
 
 
 def test_cgroups_of_dead_owners_are_swept() -> None:
-    from sandbox.cgroups import CgroupManager
+    from sandbox.bwrap.cgroups import CgroupManager
 
     mgr = CgroupManager()
     if not mgr.available:

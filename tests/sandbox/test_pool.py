@@ -8,8 +8,8 @@ import time
 import pytest
 
 from sandbox.limits import DEFAULT_LIMITS
-from sandbox.pool import WorkerPool
 from sandbox.result import SandboxUnavailable
+from sandbox.session.pool import WorkerPool
 
 
 class FakeWorker:

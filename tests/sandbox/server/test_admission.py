@@ -16,11 +16,11 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 from sandbox import LocalSandbox
-from sandbox.server import app as app_module
-from sandbox.server import create_app
-from sandbox.server.schemas import BatchIn
-from sandbox.server.state import Overloaded, ServerState
-from sandbox.settings import SandboxSettings
+from sandbox.http.server import app as app_module
+from sandbox.http.server import create_app
+from sandbox.http.server.schemas import BatchIn
+from sandbox.http.server.state import Overloaded, ServerState
+from sandbox.http.settings import SandboxSettings
 from tests.sandbox.conftest import need_bwrap
 
 

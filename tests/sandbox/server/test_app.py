@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from sandbox import LocalSandbox
-from sandbox.server import create_app
-from sandbox.settings import SandboxSettings
+from sandbox.http.server import create_app
+from sandbox.http.settings import SandboxSettings
 from tests.sandbox.conftest import need_bwrap
 
 
@@ -194,7 +194,7 @@ def test_oversized_body_is_refused_before_it_is_read(box: LocalSandbox) -> None:
 
 def test_session_execute_fast_path_agrees_with_the_full_route(box: LocalSandbox, monkeypatch) -> None:
     """Plain requests skip FastAPI's machinery (server/fastpath.py); anything else must not."""
-    from sandbox.server import fastpath
+    from sandbox.http.server import fastpath
 
     delegated: list[bytes] = []
     full_route = fastpath._FastSessionExecute._delegate

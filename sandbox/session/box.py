@@ -1,66 +1,37 @@
-"""LocalSandbox: the sandbox in-process, with no server; the default for environments and tests.
+"""The front every backend shares: a sandbox of pooled workers and the sessions that drive them.
 
-``LocalSandbox().session()`` hands out a warm worker from the pool; ``.run(code)`` is a one-shot in
-a fresh worker that is thrown away afterwards; ``.run_batch([...])`` runs one-shots concurrently.
-The HTTP server is a thin layer over this class, and ``Client``/``AsyncClient`` mirror its shape.
+``PooledSandbox(launcher, ...)`` is LocalSandbox (bubblewrap workers) and DockerSandbox (one
+container per worker) alike; only the launcher differs. ``.session()`` hands out a warm worker from
+the pool; ``.run(code)`` is a one-shot in a fresh worker that is thrown away afterwards;
+``.run_batch([...])`` runs one-shots concurrently. ``Session.run`` has one signature for every
+backend (and ``RemoteSession.run`` mirrors it over HTTP): ``timeout_s``, ``want_value``, ``stdin``,
+``files`` and the per-execution limits.
 """
 
 from __future__ import annotations
 
 import atexit
-import logging
+import contextlib
 import threading
 import uuid
-import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any
 
-from sandbox.driver import SessionCore
-from sandbox.launcher import LaunchConfig, Launcher, bwrap_path
 from sandbox.limits import DEFAULT_LIMITS, MAX_LIMITS, PER_EXECUTION, LimitError, Limits
-from sandbox.pool import WorkerPool
 from sandbox.result import ExecResult, SandboxUnavailable
+from sandbox.session.core import Launcher, SessionCore
+from sandbox.session.pool import WorkerPool
 
-log = logging.getLogger("sandbox")
-
-ISOLATION_MODES = ("auto", "bwrap", "rlimits")
-_LIVE: weakref.WeakSet[LocalSandbox] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[PooledSandbox] = weakref.WeakSet()
 
 
 @atexit.register
 def _close_all() -> None:
     """Kill every worker at interpreter exit, before daemon threads are frozen mid-spawn."""
     for sb in list(_LIVE):
-        try:
+        with contextlib.suppress(Exception):
             sb.close()
-        except Exception:
-            pass
-
-
-def resolve_isolation(mode: str, require_isolation: bool) -> str:
-    """Pick bwrap when we can; fall back to rlimits loudly, or refuse when isolation is required."""
-    if mode not in ISOLATION_MODES:
-        raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {mode!r}")
-    if mode == "rlimits" and require_isolation:
-        raise SandboxUnavailable("isolation='rlimits' contradicts require_isolation=True")
-    if mode in ("auto", "bwrap") and bwrap_path():
-        return "bwrap"
-    if mode == "bwrap" or require_isolation:
-        raise SandboxUnavailable(
-            "bubblewrap is required but not installed: `apt-get install -y bubblewrap`, "
-            "or allow the weaker fallback with isolation='rlimits'"
-        )
-    if mode == "auto":
-        msg = (
-            "SANDBOX NOT ISOLATED: bubblewrap (bwrap) is not installed, so executed code runs with "
-            "rlimits only and can read host files and use the network. Install bubblewrap, or set "
-            "require_isolation=True to refuse to start."
-        )
-        log.warning("sandbox/isolation: %s", msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
-    return "rlimits"
 
 
 def exec_limits(base: Limits, maxima: Limits, timeout_s: float | None, overrides: dict[str, Any]) -> Limits:
@@ -75,10 +46,10 @@ def exec_limits(base: Limits, maxima: Limits, timeout_s: float | None, overrides
     return base.updated(overrides, maxima)
 
 
-class LocalSession:
+class Session:
     """One persistent interpreter; use as a context manager or call ``close``."""
 
-    def __init__(self, sandbox: LocalSandbox, core: SessionCore, session_id: str) -> None:
+    def __init__(self, sandbox: PooledSandbox, core: SessionCore, session_id: str) -> None:
         self.sandbox = sandbox
         self.core = core
         self.id = session_id
@@ -90,6 +61,12 @@ class LocalSession:
     @property
     def closed(self) -> bool:
         return self.core.closed
+
+    @property
+    def worker_id(self) -> str | None:
+        """The worker running this session now (a container id under Docker); None between workers."""
+        worker = self.core.worker
+        return None if worker is None else worker.id
 
     def run(
         self,
@@ -127,35 +104,34 @@ class LocalSession:
         self.core.close()
         self.sandbox._forget(self.id)
 
-    def __enter__(self) -> LocalSession:
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-class LocalSandbox:
-    """In-process sandbox: a warm pool of confined workers and the sessions that use them."""
+class PooledSandbox:
+    """A warm pool of workers from ``launcher`` and the sessions that use them; the backends' base."""
 
     def __init__(
         self,
+        launcher: Launcher,
         *,
         limits: Limits | None = None,
         max_limits: Limits | None = None,
         pool_size: int = 2,
-        isolation: str = "auto",
-        require_isolation: bool = False,
-        launch: LaunchConfig | None = None,
         batch_concurrency: int = 8,
+        **pool_options: Any,
     ) -> None:
         self.limits = limits or DEFAULT_LIMITS
         self.max_limits = max_limits or MAX_LIMITS
-        launch = replace(launch or LaunchConfig(), isolation=resolve_isolation(isolation, require_isolation))
-        self.isolation = launch.isolation
-        self.launcher = Launcher(launch)
-        self.pool = WorkerPool(self.launcher, self.limits, pool_size)
+        if self.limits.updated(self.limits.to_dict(), self.max_limits) != self.limits:
+            raise LimitError("the default limits must not exceed the maximum limits")
+        self.launcher = launcher
+        self.pool = WorkerPool(launcher, self.limits, pool_size, **pool_options)
         self.batch_concurrency = batch_concurrency
-        self._sessions: dict[str, LocalSession] = {}
+        self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self._batch_pool: ThreadPoolExecutor | None = None
         self._one_shots: set[SessionCore] = set()  # running, so that close() can cancel them
@@ -163,23 +139,26 @@ class LocalSandbox:
         _LIVE.add(self)
 
     # -- sessions ---------------------------------------------------------------------------
-    def session(self, **limit_overrides: Any) -> LocalSession:
+    def session(self, **limit_overrides: Any) -> Session:
         limits = self.limits.updated(limit_overrides, self.max_limits)
         if self.closed:
             raise SandboxUnavailable("the sandbox is closed")
         core = SessionCore(lambda: self.pool.acquire(limits), self.pool.release, limits)
         core.ensure_worker()  # fail now (SandboxUnavailable) rather than at the first run
+        if self.closed:  # closed while the worker started: nothing would ever close this one
+            core.close()
+            raise SandboxUnavailable("the sandbox is closed")
         sid = uuid.uuid4().hex
-        s = LocalSession(self, core, sid)
+        s = Session(self, core, sid)
         with self._lock:
             self._sessions[sid] = s
         return s
 
-    def get_session(self, session_id: str) -> LocalSession | None:
+    def get_session(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
 
     @property
-    def sessions(self) -> dict[str, LocalSession]:
+    def sessions(self) -> dict[str, Session]:
         return dict(self._sessions)
 
     def _forget(self, session_id: str) -> None:
@@ -301,15 +280,13 @@ class LocalSandbox:
             self._batch_pool.shutdown(wait=True)
         self.pool.close()
 
-    def __enter__(self) -> LocalSandbox:
+    def __enter__(self) -> PooledSandbox:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             if not self.closed:
                 self.close()
-        except Exception:
-            pass

@@ -8,8 +8,8 @@ otherwise, and ``SandboxError`` when the sandbox itself broke.
 
 from __future__ import annotations
 
+from sandbox.http.server.schemas import CommandRunResult, RunCodeResponse
 from sandbox.result import ExecResult
-from sandbox.server.schemas import CommandRunResult, RunCodeResponse
 
 
 def return_code(result: ExecResult) -> int:

@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from sandbox.local import LocalSandbox
+from sandbox.bwrap.local import LocalSandbox
+from sandbox.http.settings import SandboxSettings
 from sandbox.result import ExecResult
-from sandbox.settings import SandboxSettings
 
 log = logging.getLogger("sandbox")
 T = TypeVar("T")
@@ -179,6 +179,6 @@ class ServerState:
 
 
 def _launch_config(s: SandboxSettings) -> Any:
-    from sandbox.launcher import LaunchConfig
+    from sandbox.bwrap.launcher import LaunchConfig
 
     return LaunchConfig(python=s.python)

@@ -1,5 +1,8 @@
 """A pool of pre-started workers, so a new session costs a pop from a list, not a process start.
 
+It is typed against the ``Launcher`` protocol (sandbox/session/core.py), so bubblewrap processes
+and Docker containers share it; ``warm_hits`` and ``cold_starts`` say how sessions got theirs.
+
 Workers with the default per-session limits are started ahead of time by filler threads. Sessions
 that ask for other session limits start their own worker on demand. Dead and used workers are
 killed and reaped on reaper threads so that a one-shot execution does not wait for clean-up.
@@ -41,9 +44,9 @@ import queue
 import threading
 import time
 
-from sandbox.launcher import Launcher, WorkerProcess
 from sandbox.limits import Limits
 from sandbox.result import SandboxUnavailable
+from sandbox.session.core import Launcher, WorkerHandle
 
 log = logging.getLogger("sandbox")
 
@@ -69,7 +72,7 @@ class WorkerPool:
         self.max_size = max(self.size, 4 * self.size if max_size is None else max_size)
         self.max_starting = max(1, max_starting or max(4, os.cpu_count() or 1))
         self.idle_retire_s = idle_retire_s
-        self._ready: collections.deque[tuple[float, WorkerProcess]] = collections.deque()
+        self._ready: collections.deque[tuple[float, WorkerHandle]] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
         self._starting = 0
@@ -78,8 +81,10 @@ class WorkerPool:
         self._start_s = 0.1  # moving average of how long a worker takes to start
         self._failed_at = 0.0
         self.spawn_failures = 0
+        self.warm_hits = 0
+        self.cold_starts = 0
         self.last_error: str | None = None
-        self._reap_q: queue.Queue[WorkerProcess | None] = queue.Queue()
+        self._reap_q: queue.Queue[WorkerHandle | None] = queue.Queue()
         # A kill is ~0.7 ms of our CPU but 5-10 ms of waiting for the kernel to tear the
         # namespaces down; one reaper thread would cap one-shots at 100-200/s.
         self._reapers = [
@@ -164,17 +169,18 @@ class WorkerPool:
             return self._cond.wait_for(lambda: len(self._ready) >= want or self._closed, timeout_s)
 
     # -- handing out ------------------------------------------------------------------------
-    def _pop(self) -> WorkerProcess | None:
+    def _pop(self) -> WorkerHandle | None:
         """A live warm worker, or None (lock held). Dead ones go to the reaper."""
         while self._ready:
             worker = self._ready.pop()[1]  # the most recently started: the least likely to be dead
             if worker.alive():
                 self._cond.notify_all()  # the fillers may start its replacement
+                self.warm_hits += 1
                 return worker
             self._reap_q.put(worker)
         return None
 
-    def try_acquire(self, limits: Limits | None = None) -> WorkerProcess | None:
+    def try_acquire(self, limits: Limits | None = None) -> WorkerHandle | None:
         """A warm worker at once, or None (then call ``acquire`` on a thread: it may wait)."""
         limits = limits or self.limits
         if self._closed or limits.session_key() != self.limits.session_key():
@@ -185,7 +191,7 @@ class WorkerPool:
                 self._note_demand()
             return worker
 
-    def acquire(self, limits: Limits | None = None) -> WorkerProcess:
+    def acquire(self, limits: Limits | None = None) -> WorkerHandle:
         limits = limits or self.limits
         if self._closed:
             raise SandboxUnavailable("the sandbox is shut down")
@@ -209,10 +215,18 @@ class WorkerPool:
                         self._cond.wait(1.0)
                     finally:
                         self._waiting -= 1
-        return self.launcher.spawn(limits)
+        worker = self.launcher.spawn(limits)
+        with self._cond:
+            self.cold_starts += 1
+        return worker
+
+    def warm_ids(self) -> list[str]:
+        """Ids of the warm workers waiting now."""
+        with self._cond:
+            return [w.id for _, w in self._ready]
 
     # -- clean-up ---------------------------------------------------------------------------
-    def release(self, worker: WorkerProcess) -> None:
+    def release(self, worker: WorkerHandle) -> None:
         self._reap_q.put(worker)
 
     def _reap_loop(self) -> None:

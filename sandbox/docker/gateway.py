@@ -14,7 +14,7 @@ connection. A client address always maps to the same live replica, because a ses
 replica's memory: every client host (and every trainer container) stays on one replica while
 different clients spread over all of them.
 
-Run: ``python3 docker_gateway.py --upstream-dir /run/sandbox`` (or ``--upstream HOST:PORT`` to
+Run: ``python3 gateway.py --upstream-dir /run/sandbox`` (or ``--upstream HOST:PORT`` to
 relay to a TCP service instead). It listens on 127.0.0.1:8080 unless told otherwise: the relay has
 no authentication of its own, so only pass ``--listen 0.0.0.0:PORT`` where the network in front of
 it is private, as in compose.yaml (the container's port is published on the host's loopback only,
@@ -140,7 +140,7 @@ async def serve(listen: tuple[str, int], relay: Relay) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="docker_gateway", description=(__doc__ or "").splitlines()[0])
+    p = argparse.ArgumentParser(prog="sandbox-gateway", description=(__doc__ or "").splitlines()[0])
     p.add_argument(
         "--listen",
         default=DEFAULT_LISTEN,

@@ -1,8 +1,9 @@
-"""A session's driver: runs cells on one worker and replaces the worker after any limit or crash.
+"""The session core: runs cells on one worker and replaces the worker after any limit or crash.
 
 It knows nothing about how the worker was started. Anything with a ``WorkerChannel`` and the
-three methods of ``WorkerHandle`` can be driven: a bubblewrap process (``sandbox.launcher``) or a
-Docker container attached over stdio. The driver turns every way a worker can fail (no reply in
+methods of ``WorkerHandle`` can be driven, and anything with ``Launcher.spawn`` can feed the pool
+(sandbox/session/pool.py): a bubblewrap process (``sandbox.bwrap.launcher``) or a Docker container
+attached over its stdio (``sandbox.docker.backend``). The core turns every way a worker can fail (no reply in
 time, EOF, garbage on the wire, SIGXCPU, the OOM killer) into an ``ExecResult`` that says which
 limit fired, and marks ``session_restarted`` when the next cell will run in a fresh worker.
 
@@ -22,12 +23,27 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from sandbox.limits import Limits
-from sandbox.protocol import ChannelError, ChannelTimeout, WorkerChannel, exec_request, result_from_reply
 from sandbox.result import ExecError, ExecResult, SandboxUnavailable, SessionClosed
+from sandbox.session.protocol import (
+    ChannelError,
+    ChannelTimeout,
+    WorkerChannel,
+    exec_request,
+    result_from_reply,
+)
 
 
 class WorkerHandle(Protocol):
+    """One started worker, as the session core and the pool see it, whatever started it."""
+
     channel: WorkerChannel
+
+    @property
+    def id(self) -> str:
+        """A name for logs and tests (a container id under Docker)."""
+
+    def alive(self) -> bool:
+        """Whether it can still take a cell (a warm worker may have died while it waited)."""
 
     def kill(self) -> None:
         """Kill and reap the worker's whole process tree; idempotent."""
@@ -43,6 +59,13 @@ class WorkerHandle(Protocol):
 
     def lost_reason(self) -> str | None:
         """After the worker died: why, when it was not its own code that ended it; else None."""
+
+
+class Launcher(Protocol):
+    """Starts workers for the pool: ``spawn`` blocks until the worker said it is ready."""
+
+    def spawn(self, limits: Limits) -> WorkerHandle:
+        """A ready worker with ``limits``' per-session limits; SandboxUnavailable when it cannot."""
 
 
 def _signal_name(n: int) -> str:

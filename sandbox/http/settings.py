@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from sandbox.launcher import default_python
+from sandbox.bwrap.launcher import default_python
 from sandbox.limits import DEFAULT_LIMITS, MAX_LIMITS, Limits
 
 ENV_PREFIX = "SANDBOX_"

@@ -3,8 +3,8 @@
 The worker (``sandbox/worker.py``, documented at its top) reads requests on its stdin and writes
 replies on its stdout. Each message is a 4-byte big-endian length followed by that many bytes of
 UTF-8 JSON. ``WorkerChannel`` is the reusable half that speaks it over any pair of file
-descriptors: LocalSandbox gives it the pipes of a bubblewrap process, and a Docker backend can give
-it the stdio of a container. ``exec_request`` and ``result_from_reply`` translate between that wire
+descriptors: LocalSandbox gives it the pipes of a bubblewrap process, and DockerSandbox the attach
+socket of a container, with a ``decode`` hook that strips Docker's stream headers. ``exec_request`` and ``result_from_reply`` translate between that wire
 format and :class:`~sandbox.result.ExecResult`.
 
 Typical use::
@@ -27,6 +27,7 @@ import os
 import select
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sandbox.limits import Limits
@@ -60,12 +61,16 @@ def encode_frame(obj: dict[str, Any]) -> bytes:
 class WorkerChannel:
     """One request/one reply over a pair of file descriptors; not thread-safe (lock per session)."""
 
-    def __init__(self, read_fd: int, write_fd: int) -> None:
+    def __init__(
+        self, read_fd: int, write_fd: int, decode: Callable[[bytes], bytes] | None = None
+    ) -> None:
+        """``decode`` turns raw bytes read into protocol bytes (a container's stdout, demultiplexed)."""
         self.read_fd = read_fd
         self.write_fd = write_fd
+        self._decode = decode
         self._buf = bytearray()
         self._next_id = 0
-        os.set_blocking(read_fd, False)
+        os.set_blocking(read_fd, False)  # also the write side when both are one socket
         self._poll = select.poll()
         self._poll.register(read_fd, select.POLLIN | select.POLLHUP | select.POLLERR)
 
@@ -76,9 +81,18 @@ class WorkerChannel:
                 n = os.write(self.write_fd, data)
             except InterruptedError:
                 continue
-            except (BrokenPipeError, OSError) as e:
+            except BlockingIOError:  # a non-blocking socket whose buffer is full
+                self._wait_writable()
+                continue
+            except OSError as e:
                 raise ChannelClosed(f"worker closed its input: {e}") from e
             data = data[n:]
+
+    def _wait_writable(self, timeout_s: float = 30.0) -> None:
+        poll = select.poll()
+        poll.register(self.write_fd, select.POLLOUT)
+        if not poll.poll(int(timeout_s * 1000)):
+            raise ChannelTimeout(f"the worker read none of its input for {timeout_s:g} s")
 
     def recv(self, timeout_s: float | None) -> dict[str, Any]:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -152,7 +166,7 @@ class WorkerChannel:
                 raise ChannelClosed(f"worker output unreadable: {e}") from e
             if not chunk:
                 raise ChannelClosed("worker exited")
-            self._buf += chunk
+            self._buf += chunk if self._decode is None else self._decode(chunk)
             if len(chunk) < (1 << 20):
                 return
 

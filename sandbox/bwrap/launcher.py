@@ -38,14 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sandbox.cgroups import CgroupManager, WorkerCgroup
+from sandbox.bwrap.cgroups import CgroupManager, WorkerCgroup
 from sandbox.limits import Limits
-from sandbox.protocol import ChannelError, WorkerChannel
 from sandbox.result import SandboxUnavailable
+from sandbox.session.protocol import ChannelError, WorkerChannel
 
 log = logging.getLogger("sandbox")
 
-WORKER_PATH = Path(__file__).with_name("worker.py")
+WORKER_PATH = Path(__file__).resolve().parents[1] / "worker.py"
 _BOOTSTRAP = """\
 import marshal, os
 def _read(n):
@@ -415,6 +415,10 @@ class WorkerProcess:
             if self.proc.poll() is not None and self.proc.stderr is not None:
                 return self.proc.stderr.read()[-2000:].decode("utf-8", "replace")
         return "<unavailable>"
+
+    @property
+    def id(self) -> str:
+        return self.name
 
     # -- stop -------------------------------------------------------------------------------
     def alive(self) -> bool:

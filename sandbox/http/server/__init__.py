@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from sandbox.server.app import create_app
+from sandbox.http.server.app import create_app
 
 __all__ = ["create_app"]

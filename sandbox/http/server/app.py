@@ -24,12 +24,10 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from sandbox.limits import PER_EXECUTION, LimitError
-from sandbox.local import LocalSandbox, LocalSession
-from sandbox.result import ExecResult, SandboxUnavailable, SessionClosed
-from sandbox.server import fastpath
-from sandbox.server.fusion import fusion_response
-from sandbox.server.schemas import (
+from sandbox.bwrap.local import LocalSandbox
+from sandbox.http.server import fastpath
+from sandbox.http.server.fusion import fusion_response
+from sandbox.http.server.schemas import (
     BatchIn,
     BatchPublic,
     ExecResultPublic,
@@ -39,8 +37,11 @@ from sandbox.server.schemas import (
     SessionCreate,
     SessionPublic,
 )
-from sandbox.server.state import Overloaded, ServerState
-from sandbox.settings import SandboxSettings
+from sandbox.http.server.state import Overloaded, ServerState
+from sandbox.http.settings import SandboxSettings
+from sandbox.limits import PER_EXECUTION, LimitError
+from sandbox.result import ExecResult, SandboxUnavailable, SessionClosed
+from sandbox.session.box import Session
 
 log = logging.getLogger("sandbox")
 
@@ -85,7 +86,7 @@ def _public(result: ExecResult) -> Any:
     return JSONResponse(result.to_dict())
 
 
-def _session_public(s: LocalSession) -> SessionPublic:
+def _session_public(s: Session) -> SessionPublic:
     return SessionPublic(
         id=s.id,
         limits=s.limits.to_dict(),
@@ -95,7 +96,7 @@ def _session_public(s: LocalSession) -> SessionPublic:
     )
 
 
-def _get_session(state: ServerState, session_id: str) -> LocalSession:
+def _get_session(state: ServerState, session_id: str) -> Session:
     s = state.sb.get_session(session_id)
     if s is None:
         raise HTTPException(404, f"unknown session {session_id!r} (expired, deleted, or never created)")
