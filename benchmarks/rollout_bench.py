@@ -12,6 +12,10 @@ What it measures (medians over repeats; the machine is shared, so read ratios, n
 4. env share: fraction of the collector's wall time during which at least one env/sandbox call
    was running (high share + low overhead = the overlap works).
 5. Policy tokens per second through the collector and through the raw engine.
+6. What reproducibility costs: each scenario runs with the collector's default lock-step batching
+   (`deterministic`: a batch waits for every live episode, so its composition never depends on
+   timing and one seed gives bit-identical runs) and with batching by arrival (`arrival`:
+   `rollout.deterministic_batching=false`, throughput first). The ratio line compares them.
 
 Envs: "scripted" replies instantly; "sandbox" runs one real cell per turn in a LocalSandbox
 session (bubblewrap when installed), the default sandbox of our environments.
@@ -62,6 +66,7 @@ class BenchConfig:
     real models; hidden 256 x 4 layers keeps the generate/env ratio closer to practice on CPU."""
     layers: int = 4
     batch_wait_s: float = CollectorConfig.batch_wait_s
+    batching: tuple[str, ...] = ("deterministic", "arrival")
 
 
 # ---------------------------------------------------------------- envs
@@ -155,6 +160,7 @@ def replay(
 class Row:
     engine: str
     env: str
+    batching: str
     wall: list[float] = field(default_factory=list)
     busy: list[float] = field(default_factory=list)
     raw: list[float] = field(default_factory=list)
@@ -200,7 +206,9 @@ def make_engine(name: str, cfg: BenchConfig, path: str) -> Any:
     )
 
 
-def run_scenario(engine: Any, engine_name: str, env_name: str, cfg: BenchConfig, sandbox: Any) -> Row:
+def run_scenario(
+    engine: Any, engine_name: str, env_name: str, batching: str, cfg: BenchConfig, sandbox: Any
+) -> Row:
     def factory() -> gymnasium.Env:
         return ScriptedEnv(cfg.turns) if env_name == "scripted" else SandboxEnv(cfg.turns, sandbox)
 
@@ -212,11 +220,12 @@ def run_scenario(engine: Any, engine_name: str, env_name: str, cfg: BenchConfig,
         max_tool_tokens=64,
         env_workers=cfg.tasks * cfg.group_size,
         batch_wait_s=cfg.batch_wait_s,
+        deterministic=batching == "deterministic",
     )
     collector = Collector(engine, engine.tokenizer, factory, config)
     tasks = list(range(cfg.tasks))
     collector.collect(tasks, cfg.group_size, seed=10_000)  # warm-up: compile, sandbox pool, caches
-    row = Row(engine_name, env_name)
+    row = Row(engine_name, env_name, batching)
     for r in range(cfg.repeats):
         # Alternate which of the pair runs first, so load drifts on the shared machine cancel out.
         if r % 2:
@@ -250,7 +259,7 @@ def print_table(rows: list[Row], cfg: BenchConfig) -> None:
         f"(hidden {cfg.hidden}, {cfg.layers} layers)"
     )
     columns = [
-        ("engine", "<6"), ("env", "<9"), ("policy tok", ">10"), ("collector s", ">11"), ("raw gen s", ">9"),
+        ("engine", "<6"), ("env", "<9"), ("batching", "<13"), ("policy tok", ">10"), ("collector s", ">11"), ("raw gen s", ">9"),
         ("overhead", ">8"), ("best/best", ">9"), ("bookkeeping", ">11"), ("engine idle", ">11"),
         ("gen slowdown", ">12"), ("env share", ">9"), ("tok/s coll", ">10"), ("tok/s raw", ">9"),
         ("mean batch", ">10"), ("replay match", ">12"),
@@ -263,6 +272,7 @@ def print_table(rows: list[Row], cfg: BenchConfig) -> None:
         values = [
             r.engine,
             r.env,
+            r.batching,
             f"{tokens:.0f}",
             f"{wall:.3f}",
             f"{raw:.3f}",
@@ -287,6 +297,15 @@ def print_table(rows: list[Row], cfg: BenchConfig) -> None:
         "  from env/sandbox processes on a 2-core machine shows here, not as engine idle.\n"
         "env share = wall-time fraction with >= 1 env/sandbox call running."
     )
+    by_key = {(r.engine, r.env, r.batching): r for r in rows}
+    for (engine, env, batching), r in by_key.items():
+        other = by_key.get((engine, env, "arrival"))
+        if batching == "deterministic" and other is not None:
+            print(
+                f"reproducibility cost {engine}/{env}: deterministic / arrival collector wall = "
+                f"{med(r.wall) / med(other.wall):.2f}x (tokens/s {med(r.tokens) / med(r.wall):.0f} vs "
+                f"{med(other.tokens) / med(other.wall):.0f})"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=BenchConfig.hidden)
     p.add_argument("--layers", type=int, default=BenchConfig.layers)
     p.add_argument("--batch-wait", type=float, default=BenchConfig.batch_wait_s)
+    p.add_argument(
+        "--batching", nargs="+", default=list(BenchConfig.batching), choices=["deterministic", "arrival"]
+    )
     args = p.parse_args(argv)
     cfg = BenchConfig(
         engines=tuple(args.engines),
@@ -317,13 +339,14 @@ def main(argv: list[str] | None = None) -> int:
         hidden=args.hidden,
         layers=args.layers,
         batch_wait_s=args.batch_wait,
+        batching=tuple(args.batching),
     )
     path = model_dir(cfg)
     torch.set_num_threads(cfg.threads)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the table readable
     sandbox = None
     if "sandbox" in cfg.envs:
-        from sandbox.local import LocalSandbox
+        from sandbox import LocalSandbox
 
         # One warm worker per concurrent episode, as a deployment sized for its batch would have.
         sandbox = LocalSandbox(pool_size=cfg.tasks * cfg.group_size)
@@ -332,8 +355,9 @@ def main(argv: list[str] | None = None) -> int:
         for engine_name in cfg.engines:
             engine = make_engine(engine_name, cfg, path)
             for env_name in cfg.envs:
-                rows.append(run_scenario(engine, engine_name, env_name, cfg, sandbox))
-                print(f"done: {engine_name}/{env_name}", file=sys.stderr)
+                for batching in cfg.batching:
+                    rows.append(run_scenario(engine, engine_name, env_name, batching, cfg, sandbox))
+                    print(f"done: {engine_name}/{env_name}/{batching}", file=sys.stderr)
     finally:
         if sandbox is not None:
             sandbox.close()
