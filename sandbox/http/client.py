@@ -9,12 +9,17 @@ server rejects as bad (4xx) raises ``SandboxRequestError``; the user's code fail
 is a fraction of a millisecond of server work, and httpx spends about 1 ms of client CPU on each
 request (URL merging, cookies, h11's state machine) against about 0.3 ms for ``http.client``.
 ``AsyncClient`` uses httpx's asyncio transport.
+
+Several replicas: ``url`` may list several servers, comma-separated (``http://a:8080,http://b:8080``).
+A session lives in one replica's memory, so each new session goes to the next replica in turn and
+all its requests follow it there; one-shots and batches take turns the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import http.client
+import itertools
 import json
 import select
 import ssl
@@ -46,6 +51,33 @@ class SandboxRequestError(ValueError):
         super().__init__(f"HTTP {status}: {detail}")
         self.status = status
         self.detail = detail
+
+
+def split_urls(url: str) -> list[str]:
+    """The replicas in a comma-separated ``url``; each must be http(s)://host[:port][/prefix]."""
+    urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+    if not urls:
+        raise ValueError(f"sandbox URL is empty: {url!r}")
+    for u in urls:
+        parts = urlsplit(u)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"sandbox URL must be http(s)://host[:port][/prefix], got {u!r} in {url!r}")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError as e:
+            raise ValueError(f"sandbox URL {u!r} has a bad port: {e}") from e
+    return urls
+
+
+class _Replicas:
+    """Round-robin over replicas; a session stays on the replica that created it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._turn = itertools.count()
+
+    def next(self) -> int:
+        return next(self._turn) % self.n
 
 
 def _headers(token: str | None) -> dict[str, str]:
@@ -225,9 +257,10 @@ def _retry_after(resp: httpx.Response | _Response) -> float:
 
 
 class RemoteSession:
-    def __init__(self, client: Client, session_id: str) -> None:
+    def __init__(self, client: Client, session_id: str, replica: int = 0) -> None:
         self.client = client
         self.id = session_id
+        self.replica = replica
         self.closed = False
 
     def run(
@@ -242,7 +275,11 @@ class RemoteSession:
     ) -> ExecResult:
         body = _exec_body(code, timeout_s, limits, want_value=want_value, stdin=stdin, files=files)
         data = self.client._request(
-            "POST", f"/v1/sessions/{self.id}/execute", json=body, timeout=_http_timeout(timeout_s, limits)
+            "POST",
+            f"/v1/sessions/{self.id}/execute",
+            json=body,
+            timeout=_http_timeout(timeout_s, limits),
+            replica=self.replica,
         )
         return ExecResult.from_dict(data)
 
@@ -251,7 +288,7 @@ class RemoteSession:
             return
         self.closed = True
         try:
-            self.client._request("DELETE", f"/v1/sessions/{self.id}")
+            self.client._request("DELETE", f"/v1/sessions/{self.id}", replica=self.replica)
         except SandboxRequestError as e:
             if e.status != 404:  # already expired: nothing left to close
                 raise
@@ -269,17 +306,30 @@ class Client:
     def __init__(
         self, url: str, token: str | None = None, *, retries: int = 5, timeout_s: float = 60.0
     ) -> None:
-        self.url = url.rstrip("/")
+        self.urls = split_urls(url)
+        self.url = self.urls[0] if len(self.urls) == 1 else ",".join(self.urls)
         self.retries = retries
-        self._http = _ConnectionPool(self.url, _headers(token), timeout_s)
+        self._pools = [_ConnectionPool(u, _headers(token), timeout_s) for u in self.urls]
+        self._http = self._pools[0]
+        self._replicas = _Replicas(len(self.urls))
 
-    def _request(self, method: str, path: str, json: Any = None, timeout: float | None = None) -> Any:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        json: Any = None,
+        timeout: float | None = None,
+        replica: int | None = None,
+    ) -> Any:
+        """One request to ``replica`` (by default the next in turn), retried while it answers 429."""
         body = None if json is None else _json_bytes(json)
+        replica = self._replicas.next() if replica is None else replica
+        pool = self._pools[replica]
         for attempt in range(self.retries + 1):
             try:
-                resp = self._http.request(method, path, body, timeout)
+                resp = pool.request(method, path, body, timeout)
             except (OSError, http.client.HTTPException) as e:  # socket errors and timeouts too
-                raise SandboxUnavailable(f"sandbox server {self.url} unreachable: {e!r}") from e
+                raise SandboxUnavailable(f"sandbox server {self.urls[replica]} unreachable: {e!r}") from e
             if resp.status_code == 429 and attempt < self.retries:
                 time.sleep(_retry_after(resp))
                 continue
@@ -289,8 +339,9 @@ class Client:
         raise AssertionError("unreachable")
 
     def session(self, **limits: Any) -> RemoteSession:
-        data = self._request("POST", "/v1/sessions", json={"limits": limits})
-        return RemoteSession(self, data["id"])
+        replica = self._replicas.next()
+        data = self._request("POST", "/v1/sessions", json={"limits": limits}, replica=replica)
+        return RemoteSession(self, data["id"], replica)
 
     def run(
         self, code: str, *, timeout_s: float | None = None, stdin: str | None = None, **limits: Any
@@ -307,13 +358,15 @@ class Client:
         return [ExecResult.from_dict(r) for r in data["results"]]
 
     def healthy(self) -> bool:
+        """Whether every replica answers its liveness probe."""
         try:
-            return self._http.request("GET", "/healthz").status_code == 200
+            return all(pool.request("GET", "/healthz").status_code == 200 for pool in self._pools)
         except (OSError, http.client.HTTPException):
             return False
 
     def close(self) -> None:
-        self._http.close()
+        for pool in self._pools:
+            pool.close()
 
     def __enter__(self) -> Client:
         return self
@@ -323,9 +376,10 @@ class Client:
 
 
 class AsyncRemoteSession:
-    def __init__(self, client: AsyncClient, session_id: str) -> None:
+    def __init__(self, client: AsyncClient, session_id: str, replica: int = 0) -> None:
         self.client = client
         self.id = session_id
+        self.replica = replica
         self.closed = False
 
     async def run(
@@ -340,7 +394,11 @@ class AsyncRemoteSession:
     ) -> ExecResult:
         body = _exec_body(code, timeout_s, limits, want_value=want_value, stdin=stdin, files=files)
         data = await self.client._request(
-            "POST", f"/v1/sessions/{self.id}/execute", json=body, timeout=_http_timeout(timeout_s, limits)
+            "POST",
+            f"/v1/sessions/{self.id}/execute",
+            json=body,
+            timeout=_http_timeout(timeout_s, limits),
+            replica=self.replica,
         )
         return ExecResult.from_dict(data)
 
@@ -349,7 +407,7 @@ class AsyncRemoteSession:
             return
         self.closed = True
         try:
-            await self.client._request("DELETE", f"/v1/sessions/{self.id}")
+            await self.client._request("DELETE", f"/v1/sessions/{self.id}", replica=self.replica)
         except SandboxRequestError as e:
             if e.status != 404:
                 raise
@@ -370,8 +428,11 @@ class _SessionStarter:
         self.session: AsyncRemoteSession | None = None
 
     async def _open(self) -> AsyncRemoteSession:
-        data = await self.client._request("POST", "/v1/sessions", json={"limits": self.limits})
-        self.session = AsyncRemoteSession(self.client, data["id"])
+        replica = self.client._replicas.next()
+        data = await self.client._request(
+            "POST", "/v1/sessions", json={"limits": self.limits}, replica=replica
+        )
+        self.session = AsyncRemoteSession(self.client, data["id"], replica)
         return self.session
 
     def __await__(self) -> Any:
@@ -397,21 +458,25 @@ class AsyncClient:
         timeout_s: float = 60.0,
         max_connections: int = 256,
     ) -> None:
-        self.url = url.rstrip("/")
+        self.urls = split_urls(url)
+        self.url = self.urls[0] if len(self.urls) == 1 else ",".join(self.urls)
         self.retries = retries
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
-            headers=_headers(token),
-            timeout=timeout_s,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+        pool = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._clients = [
+            httpx.AsyncClient(base_url=u, headers=_headers(token), timeout=timeout_s, limits=pool)
+            for u in self.urls
+        ]
+        self._http = self._clients[0]
+        self._replicas = _Replicas(len(self.urls))
 
-    async def _request(self, method: str, path: str, **kw: Any) -> Any:
+    async def _request(self, method: str, path: str, replica: int | None = None, **kw: Any) -> Any:
+        """One request to ``replica`` (by default the next in turn), retried while it answers 429."""
+        replica = self._replicas.next() if replica is None else replica
         for attempt in range(self.retries + 1):
             try:
-                resp = await self._http.request(method, path, **kw)
+                resp = await self._clients[replica].request(method, path, **kw)
             except httpx.HTTPError as e:
-                raise SandboxUnavailable(f"sandbox server {self.url} unreachable: {e}") from e
+                raise SandboxUnavailable(f"sandbox server {self.urls[replica]} unreachable: {e}") from e
             if resp.status_code == 429 and attempt < self.retries:
                 await asyncio.sleep(_retry_after(resp))
                 continue
@@ -440,13 +505,15 @@ class AsyncClient:
         return [ExecResult.from_dict(r) for r in data["results"]]
 
     async def healthy(self) -> bool:
+        """Whether every replica answers its liveness probe."""
         try:
-            return (await self._http.get("/healthz")).status_code == 200
+            return all([(await c.get("/healthz")).status_code == 200 for c in self._clients])
         except httpx.HTTPError:
             return False
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for c in self._clients:
+            await c.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self

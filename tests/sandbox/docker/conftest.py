@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SANDBOX_IMAGE = os.environ.get("AGENT_RL_SANDBOX_IMAGE", "agent-rl/sandbox:latest")
 OFFLINE_BASE = "agent-rl/base:bookworm"
 

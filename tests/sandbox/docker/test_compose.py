@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.docker.conftest import REPO, base_image
+from tests.sandbox.docker.conftest import REPO, base_image
 
 pytestmark = pytest.mark.docker
 

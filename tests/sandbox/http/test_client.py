@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 
-from sandbox import AsyncClient, Client, SandboxUnavailable
+from sandbox import AsyncClient, Client, LocalSandbox, SandboxUnavailable
 from sandbox.http.client import RemoteSession, SandboxRequestError
 from sandbox.http.server import create_app
 from sandbox.http.settings import SandboxSettings
@@ -24,23 +25,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    need_bwrap()
+@contextlib.contextmanager
+def serving(app: object) -> Iterator[str]:
+    """``app`` under a real uvicorn server on a free loopback port; yields its URL."""
     port = free_port()
-    settings = SandboxSettings(port=port, pool_size=2, isolation="bwrap", auth_token="tok")
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    )
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     deadline = time.monotonic() + 30
     while not server.started:
         assert time.monotonic() < deadline, "server did not start"
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    t.join(30)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        t.join(30)
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    need_bwrap()
+    settings = SandboxSettings(pool_size=2, isolation="bwrap", auth_token="tok")
+    with serving(create_app(settings)) as u:
+        yield u
 
 
 def test_sync_client_session_shape(url: str) -> None:
@@ -182,3 +190,34 @@ def test_an_idempotent_request_is_resent_once_after_a_keep_alive_reset() -> None
             assert seen[4:] == [("GET", 1), ("DELETE", 2), ("DELETE", 1)]
     finally:
         server.shutdown()
+
+
+def test_sessions_spread_over_comma_separated_replicas_and_stay_on_theirs() -> None:
+    need_bwrap()
+    boxes = [LocalSandbox(pool_size=0, isolation="bwrap") for _ in range(2)]
+    try:
+        with serving(create_app(SandboxSettings(), sandbox=boxes[0])) as a, serving(
+            create_app(SandboxSettings(), sandbox=boxes[1])
+        ) as b, Client(f"{a}, {b}/") as c:
+            assert c.urls == [a, b] and c.healthy()
+            sessions = [c.session() for _ in range(4)]
+            assert [len(box.sessions) for box in boxes] == [2, 2]  # round-robin
+            for i, s in enumerate(sessions):
+                s.run(f"v = {i}")
+            for i, s in enumerate(sessions):  # each request went to its session's replica
+                assert s.run("v").value == str(i)
+                s.close()
+            assert [len(box.sessions) for box in boxes] == [0, 0]
+            assert {c.run("print(1)").stdout for _ in range(2)} == {"1\n"}
+    finally:
+        for box in boxes:
+            box.close()
+
+
+def test_a_bad_replica_list_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="bad port"):
+        Client("http://127.0.0.1:8080,http://h:port")
+    with pytest.raises(ValueError, match="http"):
+        Client("http://127.0.0.1:8080,ftp://h")
+    with pytest.raises(ValueError, match="empty"):
+        Client(" , ")
