@@ -6,6 +6,7 @@ hour of compute, and the error must name the key, the value and what was expecte
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,11 +42,10 @@ class SandboxConfig(Section):
     backend: Literal["local", "http", "docker"] = "local"
     """local: in-process LocalSandbox (bubblewrap); http: a sandbox service at `url`; docker: one container per session."""
     url: str | None = None
-    """Service URL for backend=http, e.g. http://127.0.0.1:8080 (comma-separated for several replicas)."""
+    """Service URL for backend=http, e.g. http://127.0.0.1:8080, or comma-separated replicas
+    (the Client round-robins sessions over them; a session stays on its replica)."""
     token_env: str = "AGENT_RL_SANDBOX_TOKEN"
     """Environment variable that holds the bearer token for backend=http."""
-    timeout_s: float = Field(5.0, gt=0)
-    """Wall-time limit per tool execution."""
 
     @model_validator(mode="after")
     def _url_for_http(self) -> SandboxConfig:
@@ -227,13 +227,19 @@ def _describe(err: ValidationError) -> str:
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
-def build_config(data: dict[str, Any] | None = None, overrides: list[str] | None = None) -> Config:
-    data = dict(data or {})
+def apply_overrides(data: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
+    """A copy of the nested mapping `data` with each `a.b=c` override set (the original is untouched)."""
+    tree = copy.deepcopy(data)
     for text in overrides or []:
         key, value = parse_override(text)
-        _set_path(data, key, value)
+        _set_path(tree, key, value)
+    return tree
+
+
+def build_config(data: dict[str, Any] | None = None, overrides: list[str] | None = None) -> Config:
+    tree = apply_overrides(dict(data or {}), overrides)
     try:
-        return Config.model_validate(data)
+        return Config.model_validate(tree)
     except ValidationError as err:
         raise ConfigError(_describe(err)) from None
 

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent_rl.config import Config, ConfigError, build_config
+from agent_rl.config import Config, ConfigError, apply_overrides, build_config
 from agent_rl.metrics import read_metrics
 
 
@@ -59,14 +59,8 @@ class ExperimentConfig(BaseModel):
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    for text in overrides or []:
-        key, _, raw = text.partition("=")
-        node = data
-        *parents, last = key.split(".")
-        for k in parents:
-            node = node.setdefault(k, {})
-        node[last] = yaml.safe_load(raw)
+    """The experiment file with `--set` overrides (the train config's own parser: `base.train.lr=...`)."""
+    data = apply_overrides(yaml.safe_load(Path(path).read_text()) or {}, overrides)
     try:
         exp = ExperimentConfig.model_validate(data)
     except ValidationError as err:
@@ -110,8 +104,8 @@ def _finished(cfg: Config) -> bool:
 def heldout_success(cfg: Config, tasks: int, *, final: bool = True) -> float:
     """Greedy success on `tasks` held-out tasks of the run's last checkpoint (or, with final=False,
     of cfg's model as it loads), cached in the run folder so that reruns of the grid reuse it."""
-    from agent_rl.checkpoint import latest_checkpoint, load_checkpoint
-    from agent_rl.train import Trainer
+    from agent_rl.checkpoint import latest_checkpoint
+    from agent_rl.evaluate import evaluate_policy
 
     cache = cfg.run_dir / ("final_eval.json" if final else "start_eval.json")
     saved = json.loads(cache.read_text()) if cache.exists() else {}
@@ -119,17 +113,11 @@ def heldout_success(cfg: Config, tasks: int, *, final: bool = True) -> float:
         return float(saved["success_rate"])
     if tasks == 0:
         return math.nan
-    trainer = Trainer(cfg)
-    try:
-        if final:
-            ckpt = latest_checkpoint(cfg.run_dir)
-            if ckpt is None:
-                raise FileNotFoundError(f"{cfg.run_dir} has no checkpoint to evaluate")
-            load_checkpoint(ckpt, learner=trainer.learner)
-            trainer.publish_weights()
-        success = trainer.evaluate(tasks)["eval/success_rate"]
-    finally:
-        trainer.sandbox.close()
+    ckpt = latest_checkpoint(cfg.run_dir) if final else None
+    if final and ckpt is None:
+        raise FileNotFoundError(f"{cfg.run_dir} has no checkpoint to evaluate")
+    success = evaluate_policy(cfg, tasks, ckpt)["eval/success_rate"]
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps({"tasks": tasks, "success_rate": success}))
     return success
 

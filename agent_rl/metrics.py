@@ -37,11 +37,7 @@ class MetricsLogger:
 
     def truncate_after(self, step: int) -> None:
         """On resume, drop lines written after the checkpoint so the log has no duplicate steps."""
-        if not self.path.exists():
-            return
-        kept = [
-            line for line in self.path.read_text().splitlines() if json.loads(line).get("step", 0) <= step
-        ]
+        kept = [line for line in _lines(self.path) if json.loads(line).get("step", 0) <= step]
         self.path.write_text("".join(line + "\n" for line in kept))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
@@ -59,6 +55,15 @@ class MetricsLogger:
             self._tb.close()
 
 
+def _lines(path: Path) -> list[str]:
+    """The file's complete lines. Every record is written with its newline, so a last line without
+    one was torn by a crash mid-append: it is dropped (resuming then rewrites the file without it)."""
+    if not path.exists():
+        return []
+    *complete, _torn_or_empty = path.read_text().split("\n")
+    return [line for line in complete if line.strip()]
+
+
 def _plain(v: Any) -> Any:
     if hasattr(v, "item"):
         return v.item()
@@ -66,8 +71,7 @@ def _plain(v: Any) -> Any:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [json.loads(line) for line in _lines(Path(run_dir) / "metrics.jsonl")]
 
 
 def write_plots(run_dir: Path) -> list[Path]:

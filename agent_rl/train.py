@@ -14,170 +14,106 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import random
+import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
-from agent_rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from agent_rl.config import Config, ConfigError, SandboxConfig, dump_config, load_config
+from agent_rl import build
+from agent_rl.batch import collate
+from agent_rl.checkpoint import load_latest_checkpoint, save_checkpoint
+from agent_rl.config import Config, ConfigError, dump_config, load_config
+from agent_rl.evaluate import evaluate_greedy
 from agent_rl.learner import Learner
 from agent_rl.metrics import MetricsLogger, write_plots
-from agent_rl.tiny_model import TinyModelSpec, ensure_tiny_model, load_model_and_tokenizer
+from agent_rl.rollout.trajectory import Trajectory, TrajectoryWriter
 
 if TYPE_CHECKING:
+    from agent_rl.distributed import RayCollector, RayRollout
     from agent_rl.distributed.learner import RayLearner
+    from agent_rl.rollout import Collector, Engine
 
-EVAL_TASK_OFFSET = 500_000
-"""Held-out tasks start at this task index; training tasks come from below it."""
-DEMO_TASK_OFFSET = 800_000
-"""Warm-up demonstrations start here: disjoint from training and evaluation tasks."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("AGENT_RL_CACHE", Path.home() / ".cache" / "agent-rl"))
-
-
-def resolve_model_path(cfg: Config) -> Path:
-    """The configured model folder, or the offline tiny model built once into the cache."""
-    if cfg.model.path:
-        return Path(cfg.model.path)
-    spec = TinyModelSpec(
-        hidden_size=cfg.model.tiny_hidden_size,
-        num_layers=cfg.model.tiny_layers,
-        num_heads=cfg.model.tiny_heads,
-        intermediate_size=2 * cfg.model.tiny_hidden_size,
-    )
-    name = f"tiny-h{spec.hidden_size}-l{spec.num_layers}-a{spec.num_heads}-v{spec.tokenizer_version}"
-    return ensure_tiny_model(cache_dir() / "models" / name, spec)
-
-
-def make_sandbox(cfg: SandboxConfig) -> Any:
-    """The sandbox backend named in the config; all three share one session interface."""
-    if cfg.backend == "local":
-        from sandbox import LocalSandbox
-
-        return LocalSandbox()
-    if cfg.backend == "http":
-        from sandbox import Client
-
-        return Client(cfg.url, token=os.environ.get(cfg.token_env))
-    from sandbox.docker_backend import DockerSandbox
-
-    return DockerSandbox()
-
-
-def make_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, model_path: Path) -> Any:
-    if cfg.rollout.engine == "hf":
-        from agent_rl.rollout.hf_engine import HFEngine
-
-        # The engine shares the policy module: weight sync is free and sampling is exactly on-policy.
-        return HFEngine(
-            model,
-            tokenizer,
-            max_model_len=cfg.rollout.max_total_tokens + cfg.rollout.max_new_tokens,
-            seed=cfg.train.seed,
-        )
-    from agent_rl.rollout.vllm_engine import VLLMEngine
-
-    on_gpu = cfg.model.device.startswith("cuda")
-    return VLLMEngine(
-        str(model_path),
-        max_model_len=cfg.rollout.max_total_tokens + cfg.rollout.max_new_tokens,
-        seed=cfg.train.seed,
-        dtype=cfg.model.dtype,
-        gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization if on_gpu else None,
-    )
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+log = logging.getLogger(__name__)
 
 
 class Trainer:
-    """Everything the loop needs, built from one config."""
+    """Everything the loop needs, built from one config by `agent_rl.build`."""
 
     def __init__(self, cfg: Config) -> None:
-        import gymnasium
-
-        import envs  # noqa: F401  (registers the agent_rl/ environments)
-        from agent_rl.rollout import Collector, CollectorConfig, SamplingParams, TrajectoryWriter
-
         self.cfg = cfg
+        # The task splits first: a run that would ask for a split its tasks lack stops here, before
+        # any model, actor or sandbox is started.
+        self.tasks = build.task_splits(cfg)
+        build.check_splits(cfg, self.tasks, warmup=True)
         self.run_dir = cfg.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if cfg.model.cpu_threads:
-            torch.set_num_threads(cfg.model.cpu_threads)
-        seed_everything(cfg.train.seed)
+        build.set_cpu_threads(cfg.model.cpu_threads)
+        build.seed_everything(cfg.train.seed)
         torch.use_deterministic_algorithms(True, warn_only=True)
-        self.model_path = resolve_model_path(cfg)
-        self.model, self.tokenizer = load_model_and_tokenizer(
+        self.model_path = build.resolve_model_path(cfg)
+        self.model, self.tokenizer = build.load_model_and_tokenizer(
             self.model_path, cfg.model.dtype, cfg.model.device
         )
-        self.learner: Learner | RayLearner
-        if cfg.scale.learner_workers > 1:
-            # Data-parallel ranks as Ray actors, replicas of this model; the driver keeps its copy
-            # for the warm-up and the initial weights only (the policy then lives on the ranks).
-            from agent_rl.distributed.learner import RayLearner
-
-            self.learner = RayLearner.from_config(cfg, self.model_path, self.model.state_dict())
-        else:
-            ref = None
-            if cfg.algo.kl_coef > 0:
-                ref = copy.deepcopy(self.model).eval().requires_grad_(False)
-            self.learner = Learner(
-                self.model, cfg.algo, cfg.train, temperature=cfg.rollout.temperature, ref_model=ref
-            )
-        self.sandbox = make_sandbox(cfg.sandbox)
-        env_kwargs = dict(cfg.env.kwargs)
-        env_kwargs.setdefault("max_turns", cfg.rollout.max_turns)
-
-        def make_env() -> Any:
-            return gymnasium.make(cfg.env.id, sandbox=self.sandbox, **env_kwargs)
-
-        self.make_env = make_env
-        rollout = cfg.rollout
-        sampling = SamplingParams(
-            temperature=rollout.temperature, top_p=rollout.top_p, max_new_tokens=rollout.max_new_tokens
-        )
-        budgets = dict(
-            max_turns=rollout.max_turns,
-            max_total_tokens=rollout.max_total_tokens,
-            max_tool_tokens=rollout.max_tool_tokens,
-        )
-        train_cc = CollectorConfig(sampling=sampling, **budgets)
-        eval_cc = CollectorConfig(sampling=sampling.with_(temperature=0.0, top_p=1.0), **budgets)
-        if cfg.scale.backend == "ray":
-            # Rollout workers as Ray actors: the same collect/update_weights interface, other processes.
-            from agent_rl.distributed import RayRollout
-
-            self.engine = RayRollout.from_config(cfg, self.model_path, self.model.state_dict())
-            self.collector = self.engine.collector(train_cc)
-            self.eval_collector = self.engine.collector(eval_cc)
-        else:
-            self.engine = make_engine(cfg, self.model, self.tokenizer, self.model_path)
-            self.collector = Collector(self.engine, self.tokenizer, make_env, train_cc)
-            self.eval_collector = Collector(self.engine, self.tokenizer, make_env, eval_cc)
+        self.learner = self._make_learner()
+        self.sandbox = build.make_sandbox(cfg.sandbox)
+        self.make_env = build.env_factory(cfg, self.sandbox)
+        self.sampler: Engine | RayRollout
+        """Whatever samples the policy, and so receives its weights after each update: an engine in
+        this process, or a fleet of Ray rollout workers (`scale.backend: ray`)."""
+        self.collector: Collector | RayCollector
+        self.eval_collector: Collector | RayCollector
+        self._make_rollout()
         self.writer = TrajectoryWriter(self.run_dir, tokenizer_path=str(self.model_path))
         self.logger = MetricsLogger(self.run_dir)
         self.step = 0
         self.task_cursor = 0
         self.tokens_total = 0
+        self.retry_backoff_s: tuple[float, ...] = (5.0, 20.0, 60.0)
+        """Waits before collecting a step again when all its episodes failed (e.g. the sandbox is
+        restarting); after the last one the step is skipped and training goes on."""
+
+    def _make_learner(self) -> Learner | RayLearner:
+        cfg = self.cfg
+        if cfg.scale.learner_workers > 1:
+            # Data-parallel ranks as Ray actors, replicas of this model; the driver keeps its copy
+            # for the warm-up and the initial weights only (the policy then lives on the ranks).
+            from agent_rl.distributed.learner import RayLearner
+
+            return RayLearner.from_config(cfg, self.model_path, self.model.state_dict())
+        ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
+        return Learner(self.model, cfg.algo, cfg.train, temperature=cfg.rollout.temperature, ref_model=ref)
+
+    def _make_rollout(self) -> None:
+        cfg = self.cfg
+        configs = build.collector_configs(cfg)
+        if cfg.scale.backend == "ray":
+            # Rollout workers as Ray actors: the same collect/update_weights interface, other processes.
+            from agent_rl.distributed import RayRollout
+
+            fleet = RayRollout.from_config(cfg, self.model_path, self.model.state_dict())
+            self.sampler = fleet
+            self.collector, self.eval_collector = (
+                fleet.collector(configs.train),
+                fleet.collector(configs.eval),
+            )
+        else:
+            from agent_rl.rollout import Collector
+
+            engine = build.make_engine(cfg, self.model_path, model=self.model, tokenizer=self.tokenizer)
+            self.sampler = engine
+            self.collector = Collector(engine, self.tokenizer, self.make_env, configs.train)
+            self.eval_collector = Collector(engine, self.tokenizer, self.make_env, configs.eval)
 
     # -- state ---------------------------------------------------------------------------------
     def publish_weights(self) -> None:
         """Hand the policy's current weights to the rollout engine: this process's model, or learner
         rank 0's (an object-store reference, so they do not travel through the driver)."""
         if isinstance(self.learner, Learner):
-            self.engine.update_weights(self.model.state_dict())
+            self.sampler.update_weights(self.model.state_dict())
         else:
-            self.engine.update_weights(self.learner.weights_ref())
+            self.sampler.update_weights(self.learner.weights_ref())
 
     def save(self) -> Path:
         return save_checkpoint(
@@ -188,10 +124,11 @@ class Trainer:
         )
 
     def maybe_resume(self) -> bool:
-        ckpt = latest_checkpoint(self.run_dir) if self.cfg.run.resume else None
-        if ckpt is None:
+        """Continue from the newest readable checkpoint, if resuming is on and there is one."""
+        found = load_latest_checkpoint(self.run_dir, learner=self.learner) if self.cfg.run.resume else None
+        if found is None:
             return False
-        rest = load_checkpoint(ckpt, learner=self.learner)
+        _, rest = found
         self.step = rest["step"]
         self.task_cursor = rest["data"]["task_cursor"]
         self.tokens_total = rest["data"]["tokens_total"]
@@ -208,11 +145,10 @@ class Trainer:
         w = self.cfg.train.warmup
         env = self.make_env()
         try:
-            # Demonstrations come from their own task range, disjoint from training and eval tasks.
-            first = DEMO_TASK_OFFSET
+            # Demonstrations come from the task source's demo split, disjoint from training and eval tasks.
             examples = [
-                tokenize_conversation(self.tokenizer, demonstration(env, first + i).messages)
-                for i in range(w.demos)
+                tokenize_conversation(self.tokenizer, demonstration(env, i).messages)
+                for i in self.tasks.indices("demo", w.demos)
             ]
         finally:
             env.close()
@@ -231,59 +167,77 @@ class Trainer:
         return losses
 
     def evaluate(self, n: int) -> dict[str, float]:
-        """Greedy success rate on held-out tasks (temperature 0, one sample each)."""
+        """Greedy success rate on the first `n` held-out tasks (temperature 0, one sample each)."""
         if n <= 0:
             return {}
         self.model.eval()
-        trajs = self.eval_collector.collect(_tasks(EVAL_TASK_OFFSET, n), group_size=1, seed=0)
-        valid = [t for t in trajs if t.valid]
-        return {
-            "eval/success_rate": sum(t.reward > 0 for t in valid) / max(1, len(valid)),
-            "eval/tool_use_rate": sum(any(tr.tool_tokens > 0 for tr in t.turns) for t in valid)
-            / max(1, len(valid)),
-            "eval/infra_errors": len(trajs) - len(valid),
-        }
+        return evaluate_greedy(self.eval_collector, self.tasks, n)
 
     def rl_step(self) -> dict[str, float]:
-        from agent_rl.rollout import collate
-
         cfg = self.cfg
         t0 = time.perf_counter()
-        tasks = _tasks(self.task_cursor, cfg.rollout.prompts_per_step)  # training tasks: indices below eval's
-        trajs = self.collector.collect(
-            tasks, cfg.rollout.group_size, seed=cfg.train.seed * 1_000_003 + self.step
+        # The training split, read in order and cycled (a dataset's epochs); the cursor is checkpointed.
+        tasks = self.tasks.reset_options(
+            "train", cfg.rollout.prompts_per_step, first=self.task_cursor, wrap=True
         )
+        trajs, retries = self._collect(tasks, seed=cfg.train.seed * 1_000_003 + self.step)
         self.task_cursor += cfg.rollout.prompts_per_step
         t1 = time.perf_counter()
+        if any(t.valid for t in trajs):
+            metrics = self._update(trajs)
+        else:  # every episode failed, even after the retries: nothing to learn from; the weights stay
+            log.warning("step %d: all %d episodes failed; skipping the update", self.step + 1, len(trajs))
+            metrics = {"train/skipped_step": 1.0}
+        t2 = time.perf_counter()
+        self.writer.write(self.step, trajs)
+        metrics.update(self._rollout_metrics(trajs))
+        metrics.update({"perf/rollout_retries": retries, "perf/rollout_s": t1 - t0, "perf/update_s": t2 - t1})
+        return metrics
+
+    def _collect(self, tasks: list[dict[str, int]], seed: int) -> tuple[list[Trajectory], int]:
+        """One step's trajectories; collected again after a wait when every episode failed (a sandbox
+        outage fails them all at reset), up to len(retry_backoff_s) times. Returns them and the retries."""
+        for retries, wait in enumerate((*self.retry_backoff_s, None)):
+            trajs = self.collector.collect(tasks, self.cfg.rollout.group_size, seed=seed)
+            if wait is None or any(t.valid for t in trajs):
+                return trajs, retries
+            log.warning(
+                "step %d: all %d episodes failed (first: %s); collecting again in %gs",
+                self.step + 1,
+                len(trajs),
+                trajs[0].infra_error,
+                wait,
+            )
+            time.sleep(wait)
+        raise AssertionError("unreachable: the last attempt returns")
+
+    def _update(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """Score, advantages and the policy update on the collated batch; publish the new weights."""
+        every = self.cfg.train.grad_variance_every
         batch = collate(trajs, self.tokenizer.pad_token_id)
-        every = cfg.train.grad_variance_every
         scored, metrics = self.learner.step(batch, diagnose=bool(every) and self.step % every == 0)
         self.publish_weights()
-        t2 = time.perf_counter()
-        for traj, adv in zip(trajs, scored["advantages"]):
-            traj.advantages = adv[: len(traj.response_ids)].tolist()
-        self.writer.write(self.step, trajs)
+        for traj, adv in zip(trajs, scored.advantages):
+            traj.advantages = adv[: len(traj.response_ids)].tolist()  # for the trajectory log
+        return metrics
+
+    def _rollout_metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
         valid = [t for t in trajs if t.valid]
         policy_tokens = sum(t.num_policy_tokens for t in trajs)
         tool_tokens = sum(t.num_tool_tokens for t in trajs)
         self.tokens_total += policy_tokens + tool_tokens
-        metrics.update(
-            {
-                "env/reward_mean": sum(t.reward for t in valid) / max(1, len(valid)),
-                "env/success_rate": sum(t.reward > 0 for t in valid) / max(1, len(valid)),
-                "env/turns_mean": sum(t.num_turns for t in trajs) / len(trajs),
-                "env/truncated_frac": sum(t.truncated for t in trajs) / len(trajs),
-                "env/infra_errors": len(trajs) - len(valid),
-                "tokens/policy": policy_tokens,
-                "tokens/tool": tool_tokens,
-                "tokens/total": policy_tokens + tool_tokens,
-                "tokens/cumulative": self.tokens_total,
-                **self.collector.last_stats.as_metrics(),
-                "perf/rollout_s": t1 - t0,
-                "perf/update_s": t2 - t1,
-            }
-        )
-        return metrics
+        return {
+            "env/reward_mean": sum(t.reward for t in valid) / max(1, len(valid)),
+            "env/success_rate": sum(t.reward > 0 for t in valid) / max(1, len(valid)),
+            "env/turns_mean": sum(t.num_turns for t in trajs) / len(trajs),
+            "env/truncated_frac": sum(t.truncated for t in trajs) / len(trajs),
+            "env/infra_errors": len(trajs) - len(valid),
+            "tokens/policy": policy_tokens,
+            "tokens/tool": tool_tokens,
+            "tokens/total": policy_tokens + tool_tokens,
+            "tokens/cumulative": self.tokens_total,
+            **self.collector.last_stats.as_metrics(),
+        }
 
     def fit(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -324,11 +278,6 @@ class Trainer:
         return summary
 
 
-def _tasks(first: int, n: int) -> list[dict[str, int]]:
-    """Reset options for tasks first..first+n-1 (the env's task index doubles as its reset seed)."""
-    return [{"task_index": i, "seed": i} for i in range(first, first + n)]
-
-
 def _progress(enabled: bool) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -355,9 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
+        trainer = Trainer(cfg)
     except ConfigError as err:
         parser.error(str(err))
-    summary = Trainer(cfg).fit()
+    summary = trainer.fit()
     before = summary.get("eval_before", {}).get("eval/success_rate")
     after = summary.get("eval_after", {}).get("eval/success_rate")
     print(f"done: {cfg.run_dir}  eval success {before} -> {after}  plots: {len(summary['plots'])}")

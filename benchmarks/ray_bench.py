@@ -65,11 +65,11 @@ def _time_learner_steps(
     """Median/p99 wall time of Learner.step in process and of RayLearner.step with 1..N ranks."""
     import torch
 
+    from agent_rl.batch import collate
+    from agent_rl.build import load_model_and_tokenizer
     from agent_rl.config import AlgoConfig, TrainConfig
     from agent_rl.distributed.learner import LearnerSpec, RayLearner
     from agent_rl.learner import Learner
-    from agent_rl.rollout import collate
-    from agent_rl.tiny_model import load_model_and_tokenizer
 
     trajs = collector.collect(_tasks(args.prompts, 20_000), args.group, seed=4321)
     trajs = [  # k copies as distinct groups: a bigger batch without sampling it
@@ -78,10 +78,7 @@ def _time_learner_steps(
         for t in trajs
     ]
     batch = collate(trajs, tokenizer.pad_token_id)
-    desc = (
-        f"{len(trajs)} rows x {batch['input_ids'].shape[1]} tokens "
-        f"({int(batch['response_mask'].sum())} policy tokens)"
-    )
+    desc = f"{len(trajs)} rows x {batch.input_ids.shape[1]} tokens ({int(batch.policy_mask.sum())} policy tokens)"
     algo, train = AlgoConfig(), TrainConfig(lr=1e-5)
 
     def timed(step: Any) -> dict[str, float]:
@@ -132,12 +129,11 @@ def main() -> None:
     import torch
 
     import envs  # noqa: F401
+    from agent_rl.build import load_model_and_tokenizer, resolve_model_path
     from agent_rl.config import build_config
     from agent_rl.distributed import RayRollout
     from agent_rl.rollout import Collector, CollectorConfig, SamplingParams
     from agent_rl.rollout.hf_engine import HFEngine
-    from agent_rl.tiny_model import load_model_and_tokenizer
-    from agent_rl.train import resolve_model_path
     from sandbox import LocalSandbox
 
     base = ["env.id=agent_rl/PythonArithEasy-v0", "rollout.max_new_tokens=24", "rollout.max_turns=2"]

@@ -1,7 +1,7 @@
-"""Scale-out on Ray: rollout workers and learner ranks as actors, a shared sandbox pool, weight sync.
+"""Scale-out on Ray: rollout workers and learner ranks as actors, sandbox leases, weight sync.
 
 The trainer selects this with `scale.backend: ray`; nothing here is imported otherwise, so the
-in-process default needs no Ray. `RayRollout` stands in for both the engine (`update_weights`)
+in-process default needs no Ray. `RayRollout` is the trainer's sampler (`update_weights`)
 and, through `RayRollout.collector(config)`, the collector (`collect`, `last_stats`);
 `RayLearner` stands in for the Learner when `scale.learner_workers > 1`.
 """
@@ -35,11 +35,11 @@ def __getattr__(name: str) -> Any:
 
         return getattr(learner, name)
     if name == "WorkerSpec":
-        from agent_rl.distributed.worker import WorkerSpec
+        from agent_rl.distributed.rollout_worker import WorkerSpec
 
         return WorkerSpec
     if name in ("LeaseTable", "PooledSandbox", "parse_sandbox_url"):
-        from agent_rl.distributed import sandbox_pool
+        from agent_rl.distributed import sandbox_leases
 
-        return getattr(sandbox_pool, name)
+        return getattr(sandbox_leases, name)
     raise AttributeError(f"module 'agent_rl.distributed' has no attribute {name!r}")

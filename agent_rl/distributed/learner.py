@@ -40,10 +40,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from agent_rl import build
+from agent_rl.batch import RolloutBatch, ScoredBatch, gather_rows
 from agent_rl.config import AlgoConfig, TrainConfig
 from agent_rl.distributed.cluster import ensure_ray, import_ray, ray_cpus_wanted
 from agent_rl.distributed.rollout import split_groups
-from agent_rl.learner import Batch, Learner, Shard, _rows, combine_micro_metrics, step_metrics
+from agent_rl.learner import Learner, step_metrics
+from agent_rl.parallel import Shard, combine_micro_metrics
 
 if TYPE_CHECKING:
     from agent_rl.config import Config
@@ -90,18 +93,16 @@ class LearnerRank:
     """One data-parallel rank (the actor body; wrapped with `ray.remote` by the driver)."""
 
     def __init__(self, spec: LearnerSpec, rank: int, world_size: int, weights: Mapping[str, Any]) -> None:
-        from agent_rl.tiny_model import load_model_and_tokenizer
-
         torch.set_num_threads(spec.torch_threads or max(1, int(spec.num_cpus)))
         torch.use_deterministic_algorithms(True, warn_only=True)
         self.spec, self.rank, self.world_size = spec, rank, world_size
-        model, _ = load_model_and_tokenizer(spec.model_path, spec.dtype, spec.device)
+        model, _ = build.load_model_and_tokenizer(spec.model_path, spec.dtype, spec.device)
         model.load_state_dict(weights)  # identical replicas: every rank starts from the driver's weights
         # As in the trainer: the reference policy is the initial one, never the warmed-up or resumed one.
         ref = copy.deepcopy(model).eval().requires_grad_(False) if spec.algo.kl_coef > 0 else None
         self.learner = Learner(model, spec.algo, spec.train, temperature=spec.temperature, ref_model=ref)
         self.device = next(model.parameters()).device
-        self._scored: Batch | None = None
+        self._scored: ScoredBatch | None = None
         self._shard: Shard | None = None
         self._stall_s = 0.0
 
@@ -128,16 +129,16 @@ class LearnerRank:
         return self.rank
 
     # -- one step ----------------------------------------------------------------------------------
-    def prepare(self, batch: Batch, rows: torch.Tensor, total: int) -> Batch:
+    def prepare(self, batch: RolloutBatch, rows: torch.Tensor, total: int) -> ScoredBatch:
         """Score this rank's shard and add advantages; kept for `update`, returned on the CPU."""
         self._stall()
         self._shard = Shard(rows, total)
-        self._scored = self.learner.prepare(_to(batch, self.device))
-        return _to(self._scored, "cpu")
+        self._scored = self.learner.prepare(batch.to(self.device))
+        return self._scored.to("cpu")
 
-    def diagnose(self, scored: Batch) -> dict[str, float]:
+    def diagnose(self, scored: ScoredBatch) -> dict[str, float]:
         """Exact gradient diagnostics over the WHOLE scored batch (rank 0 only, before the update)."""
-        return self.learner.gradient_diagnostics(_to(scored, self.device))
+        return self.learner.gradient_diagnostics(scored.to(self.device))
 
     def update(self) -> tuple[dict[str, float], list[tuple[int, dict[str, float]]]]:
         """The synchronised update on the prepared shard: (this rank's metrics, its micro-batch records)."""
@@ -196,20 +197,6 @@ def shard_rows(group_index: torch.Tensor, num_ranks: int) -> list[torch.Tensor]:
     return out
 
 
-def gather_shards(parts: Sequence[Batch], rows: Sequence[torch.Tensor], total: int) -> Batch:
-    """The scored shards put back into one batch in the original row order."""
-    order = torch.cat(list(rows))
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(total)
-    out: Batch = {}
-    for key, value in parts[0].items():
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            out[key] = torch.cat([p[key] for p in parts])[inverse]
-        else:
-            out[key] = value
-    return out
-
-
 def reduce_update_metrics(
     results: Sequence[tuple[dict[str, float], list[tuple[int, dict[str, float]]]]],
 ) -> dict[str, float]:
@@ -245,7 +232,7 @@ class RayLearner:
         """`cfg.scale.learner_workers` ranks (connecting to `cfg.scale.address` or starting a local Ray)."""
         scale = cfg.scale
         ensure_ray(scale.address, min_cpus=ray_cpus_wanted(scale))
-        on_gpu = cfg.model.device.startswith("cuda")
+        on_gpu = build.uses_gpu(cfg)
         spec = LearnerSpec(
             model_path=str(model_path),
             algo=cfg.algo,
@@ -288,14 +275,14 @@ class RayLearner:
             ) from err
 
     # -- the Learner interface ---------------------------------------------------------------------
-    def step(self, batch: Batch, *, diagnose: bool = False) -> tuple[Batch, dict[str, float]]:
+    def step(self, batch: RolloutBatch, *, diagnose: bool = False) -> tuple[ScoredBatch, dict[str, float]]:
         """Score, estimate advantages and update on the ranks; the scored batch and one set of metrics."""
         if not self.ranks:
             raise LearnerRankError("the learner ranks were shut down (an earlier failure); resume the run")
-        total = len(batch["input_ids"])
-        rows = shard_rows(batch["group_index"], len(self.ranks))
-        refs = [r.prepare.remote(_rows(batch, idx), idx, total) for r, idx in zip(self.ranks, rows)]
-        scored = gather_shards(self._gather(refs, None, "score"), rows, total)
+        total = len(batch)
+        rows = shard_rows(batch.group_index, len(self.ranks))
+        refs = [r.prepare.remote(batch.rows(idx), idx, total) for r, idx in zip(self.ranks, rows)]
+        scored = gather_rows(self._gather(refs, None, "score"), rows)
         metrics = step_metrics(scored)
         if diagnose:
             metrics.update(self._gather([self.ranks[0].diagnose.remote(scored)], [0], "diagnose")[0])

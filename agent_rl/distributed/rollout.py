@@ -17,15 +17,14 @@ B x N entries.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent_rl.distributed.cluster import ensure_ray, import_ray, ray_cpus_wanted
-from agent_rl.distributed.worker import RolloutWorker, ShardResult, WorkerSpec
-from agent_rl.rollout.collector import CollectorConfig, CollectStats, Task
+from agent_rl.distributed.rollout_worker import RolloutWorker, ShardResult, WorkerSpec
+from agent_rl.rollout.collector import CollectorConfig, CollectStats, ResetArgs
 from agent_rl.rollout.trajectory import Trajectory, json_safe
 
 if TYPE_CHECKING:
@@ -109,10 +108,9 @@ class RayRollout:
         self.spec = spec
         self.max_attempts = max_attempts
         self.worker_timeout_s = worker_timeout_s
-        self.max_model_len = spec.max_model_len
         self.leaser: Any = None
         if sandbox_urls:
-            from agent_rl.distributed.sandbox_pool import start_leaser
+            from agent_rl.distributed.sandbox_leases import start_leaser
 
             self.leaser = start_leaser(list(sandbox_urls))
         self._actor_cls = self.ray.remote(num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, max_restarts=0)(
@@ -142,22 +140,7 @@ class RayRollout:
         """Workers for `cfg` (connecting to `cfg.scale.address` or starting a local Ray)."""
         scale = cfg.scale
         ensure_ray(scale.address, min_cpus=ray_cpus_wanted(scale))
-        env_kwargs = dict(cfg.env.kwargs)
-        env_kwargs.setdefault("max_turns", cfg.rollout.max_turns)
-        on_gpu = cfg.rollout.engine == "vllm" or cfg.model.device.startswith("cuda")
-        spec = WorkerSpec(
-            model_path=str(model_path),
-            env_id=cfg.env.id,
-            env_kwargs=env_kwargs,
-            engine=cfg.rollout.engine,
-            dtype=cfg.model.dtype,
-            device=cfg.model.device if cfg.rollout.engine == "hf" else "cuda",
-            max_model_len=cfg.rollout.max_total_tokens + cfg.rollout.max_new_tokens,
-            seed=cfg.train.seed,
-            sandbox=cfg.sandbox,
-            sandbox_token=os.environ.get(cfg.sandbox.token_env),
-            num_gpus=1.0 if on_gpu else 0.0,
-        )
+        spec = WorkerSpec.from_config(cfg, model_path)
         return cls(
             spec,
             scale.rollout_workers,
@@ -234,100 +217,138 @@ class RayRollout:
         self,
         key: int,
         config: CollectorConfig,
-        tasks: Sequence[Task],
+        tasks: Sequence[ResetArgs],
         group_size: int,
         seed: int,
         *,
         on_submitted: Any = None,
     ) -> tuple[list[Trajectory], ClusterCollectStats]:
-        from ray.exceptions import RayActorError
-
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         started = time.perf_counter()
         restarts_before = self.restarts
-        shards = split_groups(len(tasks), len(self.workers))
-        results: list[ShardResult | None] = [None] * len(shards)
-        lost: dict[int, list[Trajectory]] = {}
-        attempts = [0] * len(shards)
-        pending: dict[Any, _Call] = {}
-        rerun = timeouts = 0
-        version, box = self.version, self._box
-
-        def busy(index: int) -> int:
-            return sum(1 for c in pending.values() if c.index == index)
-
-        def submit(shard: int, index: int) -> None:
-            ids = shards[shard]
-            worker = self.workers[index]
-            # One deadline per shard queued ahead (an actor runs one call at a time), and one more
-            # for a replacement that may still be loading its model.
-            ahead = busy(index) + (self.worker_ids[index] in self._starting)
-            deadline = time.monotonic() + self.worker_timeout_s * (ahead + 1)
-            ref = worker.collect.remote(
-                key, config, [tasks[g] for g in ids], ids, group_size, seed, version, box
-            )
-            pending[ref] = _Call(shard, index, worker, deadline)
-
-        for shard in range(len(shards)):
-            submit(shard, shard)
+        run = _ShardedCollect(self, key, config, list(tasks), group_size, seed)
+        for shard in range(len(run.shards)):
+            run.submit(shard, shard)
         if on_submitted is not None:
             on_submitted()
-        while pending:
-            due = min(c.deadline for c in pending.values())
-            ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=max(0.0, due - time.monotonic()))
-            if ready:
-                call = pending.pop(ready[0])
-                try:
-                    result: ShardResult = self.ray.get(ready[0])
-                except RayActorError as err:
-                    reason = type(err).__name__
-                else:
-                    results[call.shard] = result
-                    self._starting.discard(result.worker_id)
-                    continue
-            else:  # the most overdue shard's worker is hung: kill it and carry on as after a death
-                ref = min(pending, key=lambda r: pending[r].deadline)
-                call = pending.pop(ref)
-                timeouts += 1
-                reason = f"no answer within {self.worker_timeout_s:g}s"
-                log.warning(
-                    "rollout worker %s: shard %d %s; killing it",
-                    self.worker_ids[call.index],
-                    call.shard,
-                    reason,
-                )
-            shard = call.shard
-            self._replace(call.index, call.worker)
-            attempts[shard] += 1
-            episodes = len(shards[shard]) * group_size
-            if attempts[shard] < self.max_attempts:
-                rerun += episodes
-                # Least busy first; on a tie, a worker that has answered before over a replacement
-                # that may still be loading its model.
-                submit(
-                    shard,
-                    min(
-                        range(len(self.workers)),
-                        key=lambda j: (busy(j), self.worker_ids[j] in self._starting),
-                    ),
-                )
-            else:
-                why = f"rollout worker lost {attempts[shard]} times: {reason}"
-                lost[shard] = [
-                    _infra_failure(seed, g, s, tasks[g], why)
-                    for g in shards[shard]
-                    for s in range(group_size)
-                ]
-        trajectories: list[Trajectory] = []
-        for shard, result in enumerate(results):
-            trajectories.extend(result.trajectories if result is not None else lost[shard])
-        stats = _merge_stats([r.stats for r in results if r is not None], len(self.workers))
+        while run.pending:
+            failed = run.wait_for_one()
+            if failed is not None:
+                run.retry_or_give_up(*failed)
+        trajectories, stats = run.outcome()
         stats.wall_s = time.perf_counter() - started
         stats.worker_restarts = self.restarts - restarts_before
-        stats.rerun_episodes = rerun
-        stats.lost_episodes = sum(len(v) for v in lost.values())
-        stats.worker_timeouts = timeouts
+        return trajectories, stats
+
+
+class _ShardedCollect:
+    """One collect call in flight: its shards, their calls and deadlines, and what came back.
+
+    Why an object: submitting, waiting and retrying share the pending calls (a worker's queue sets
+    its next deadline) and the per-shard attempts; the loop in `RayRollout.collect` reads as
+    submit all -> wait for one -> retry or give up -> outcome.
+    """
+
+    def __init__(
+        self,
+        fleet: RayRollout,
+        key: int,
+        config: CollectorConfig,
+        tasks: list[ResetArgs],
+        group_size: int,
+        seed: int,
+    ) -> None:
+        self.fleet, self.key, self.config = fleet, key, config
+        self.tasks, self.group_size, self.seed = tasks, group_size, seed
+        self.version, self.box = fleet.version, fleet._box  # pinned: a retry runs the same weights
+        self.shards = split_groups(len(tasks), len(fleet.workers))
+        self.results: list[ShardResult | None] = [None] * len(self.shards)
+        self.lost: dict[int, list[Trajectory]] = {}
+        self.attempts = [0] * len(self.shards)
+        self.pending: dict[Any, _Call] = {}
+        self.rerun = self.timeouts = 0
+
+    def busy(self, index: int) -> int:
+        return sum(1 for c in self.pending.values() if c.index == index)
+
+    def submit(self, shard: int, index: int) -> None:
+        fleet, ids = self.fleet, self.shards[shard]
+        worker = fleet.workers[index]
+        # One deadline per shard queued ahead (an actor runs one call at a time), and one more
+        # for a replacement that may still be loading its model.
+        ahead = self.busy(index) + (fleet.worker_ids[index] in fleet._starting)
+        deadline = time.monotonic() + fleet.worker_timeout_s * (ahead + 1)
+        ref = worker.collect.remote(
+            self.key,
+            self.config,
+            [self.tasks[g] for g in ids],
+            ids,
+            self.group_size,
+            self.seed,
+            self.version,
+            self.box,
+        )
+        self.pending[ref] = _Call(shard, index, worker, deadline)
+
+    def wait_for_one(self) -> tuple[_Call, str] | None:
+        """Wait for the next answer or the next deadline; the failed call and why, or None on success."""
+        from ray.exceptions import RayActorError
+
+        fleet = self.fleet
+        due = min(c.deadline for c in self.pending.values())
+        ready, _ = fleet.ray.wait(list(self.pending), num_returns=1, timeout=max(0.0, due - time.monotonic()))
+        if not ready:  # the most overdue shard's worker is hung: kill it and carry on as after a death
+            call = self.pending.pop(min(self.pending, key=lambda r: self.pending[r].deadline))
+            self.timeouts += 1
+            reason = f"no answer within {fleet.worker_timeout_s:g}s"
+            log.warning(
+                "rollout worker %s: shard %d %s; killing it", fleet.worker_ids[call.index], call.shard, reason
+            )
+            return call, reason
+        call = self.pending.pop(ready[0])
+        try:
+            result: ShardResult = fleet.ray.get(ready[0])
+        except RayActorError as err:
+            return call, type(err).__name__
+        self.results[call.shard] = result
+        fleet._starting.discard(result.worker_id)
+        return None
+
+    def retry_or_give_up(self, call: _Call, reason: str) -> None:
+        """Replace the call's worker; re-run its shard elsewhere, or after max_attempts return the
+        shard's episodes as infrastructure failures."""
+        fleet, shard = self.fleet, call.shard
+        fleet._replace(call.index, call.worker)
+        self.attempts[shard] += 1
+        if self.attempts[shard] < fleet.max_attempts:
+            self.rerun += len(self.shards[shard]) * self.group_size
+            # Least busy first; on a tie, a worker that has answered before over a replacement
+            # that may still be loading its model.
+            self.submit(
+                shard,
+                min(
+                    range(len(fleet.workers)),
+                    key=lambda j: (self.busy(j), fleet.worker_ids[j] in fleet._starting),
+                ),
+            )
+            return
+        why = f"rollout worker lost {self.attempts[shard]} times: {reason}"
+        self.lost[shard] = [
+            _infra_failure(self.seed, g, s, self.tasks[g], why)
+            for g in self.shards[shard]
+            for s in range(self.group_size)
+        ]
+
+    def outcome(self) -> tuple[list[Trajectory], ClusterCollectStats]:
+        """The trajectories in batch order, and the stats summed over the shards that answered."""
+        trajectories: list[Trajectory] = []
+        for shard, result in enumerate(self.results):
+            trajectories.extend(result.trajectories if result is not None else self.lost[shard])
+        stats = _merge_stats([r.stats for r in self.results if r is not None], len(self.fleet.workers))
+        stats.rerun_episodes = self.rerun
+        stats.lost_episodes = sum(len(v) for v in self.lost.values())
+        stats.worker_timeouts = self.timeouts
         return trajectories, stats
 
 
@@ -342,7 +363,12 @@ class RayCollector:
         self._calls = 0
 
     def collect(
-        self, tasks: Sequence[Task], group_size: int, *, seed: int | None = None, on_submitted: Any = None
+        self,
+        tasks: Sequence[ResetArgs],
+        group_size: int,
+        *,
+        seed: int | None = None,
+        on_submitted: Any = None,
     ) -> list[Trajectory]:
         """B tasks x `group_size` samples, in the in-process collector's order and with its seeds.
 
@@ -356,7 +382,7 @@ class RayCollector:
         return trajectories
 
 
-def _infra_failure(seed: int, g: int, s: int, task: Task, reason: str) -> Trajectory:
+def _infra_failure(seed: int, g: int, s: int, task: ResetArgs, reason: str) -> Trajectory:
     return Trajectory(
         traj_id=f"{seed}-{g}-{s}",
         group_id=g,

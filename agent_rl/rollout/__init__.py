@@ -4,7 +4,7 @@ The trainer's entry points:
     engine = HFEngine.from_pretrained(path)            # or VLLMEngine(path, ...)
     collector = Collector(engine, tokenizer, "agent_rl/PythonMath-v0", CollectorConfig(...))
     trajectories = collector.collect(tasks, group_size)
-    batch = collate(trajectories, pad_id=tokenizer.pad_token_id)
+    batch = agent_rl.batch.collate(trajectories, pad_id=tokenizer.pad_token_id)  # for the learner
     engine.update_weights(model.state_dict())          # after each optimiser step
 
 Engines are imported lazily (vLLM is optional and heavy).
@@ -21,7 +21,6 @@ from agent_rl.rollout.trajectory import (
     Trajectory,
     TrajectoryWriter,
     TurnRecord,
-    collate,
     read_trajectories,
     step_files,
 )
@@ -40,7 +39,6 @@ __all__ = [
     "TrajectoryWriter",
     "TurnRecord",
     "VLLMEngine",
-    "collate",
     "read_trajectories",
     "step_files",
 ]

@@ -16,7 +16,7 @@ last policy token of the episode.
 Budgets (max turns, max total tokens, max tool tokens) end or cut episodes and always record
 why in `stop_reason` / `TurnRecord.tool_truncated_tokens`. Exceptions from the env and
 `info["infra_error"]` end the episode with `infra_error` set: the sample is kept for logging but
-the learner should exclude it (`collate(...)["valid"]`). Engine errors are not the episode's
+the learner excludes it (`agent_rl.batch.RolloutBatch.valid`). Engine errors are not the episode's
 fault and propagate to the caller.
 """
 
@@ -36,8 +36,9 @@ from agent_rl.rollout.trajectory import Trajectory, TurnRecord, json_safe
 
 log = logging.getLogger(__name__)
 
-Task = int | Mapping[str, Any]
-"""An int is a reset seed; a mapping is passed as reset options, its 'seed' key (if any) as seed."""
+ResetArgs = int | Mapping[str, Any]
+"""What one episode is reset with: an int is a reset seed; a mapping is passed as reset options, its
+'seed' key (if any) as the seed. (Not `envs.tasks.Task`, the problem the env picks from these.)"""
 
 
 @dataclass
@@ -243,20 +244,37 @@ class Collector:
         self._calls = 0
 
     # ------------------------------------------------------------------ public API
-    def collect(self, tasks: Sequence[Task], group_size: int, *, seed: int | None = None) -> list[Trajectory]:
+    def collect(
+        self,
+        tasks: Sequence[ResetArgs],
+        group_size: int,
+        *,
+        seed: int | None = None,
+        group_ids: Sequence[int] | None = None,
+    ) -> list[Trajectory]:
         """B tasks x `group_size` samples, grouped: trajectories[g * N + s] is sample s of task g.
 
         `seed` fixes every engine seed of this call (pass the training step for reproducible runs);
-        None uses config.seed + the number of earlier calls. From inside an event loop, await
+        None uses config.seed + the number of earlier calls. `group_ids` numbers the tasks' groups
+        (default 0..B-1); a shard of a larger batch passes its groups' numbers in that batch, since
+        turn seeds and trajectory ids derive from them. From inside an event loop, await
         `collect_async` instead.
         """
-        return asyncio.run(self.collect_async(tasks, group_size, seed=seed))
+        return asyncio.run(self.collect_async(tasks, group_size, seed=seed, group_ids=group_ids))
 
     async def collect_async(
-        self, tasks: Sequence[Task], group_size: int, *, seed: int | None = None
+        self,
+        tasks: Sequence[ResetArgs],
+        group_size: int,
+        *,
+        seed: int | None = None,
+        group_ids: Sequence[int] | None = None,
     ) -> list[Trajectory]:
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
+        groups = list(range(len(tasks)) if group_ids is None else group_ids)
+        if len(groups) != len(tasks):
+            raise ValueError(f"{len(tasks)} tasks but {len(groups)} group ids")
         for task in tasks:
             _reset_args(task)  # reject malformed tasks before any env is built
         call_seed = self.config.seed + self._calls if seed is None else seed
@@ -270,7 +288,7 @@ class Collector:
         pool = ThreadPoolExecutor(max_workers=self.config.env_workers, thread_name_prefix="env")
         server = asyncio.create_task(batcher.run())
 
-        async def one(g: int, s: int, task: Task) -> Trajectory:
+        async def one(g: int, s: int, task: ResetArgs) -> Trajectory:
             try:
                 return await self._episode(g, s, task, call_seed, batcher, pool, clock)
             finally:
@@ -278,7 +296,7 @@ class Collector:
                 batcher._wake.set()  # fewer live episodes may complete a waiting batch
 
         try:
-            episodes = [one(g, s, task) for g, task in enumerate(tasks) for s in range(group_size)]
+            episodes = [one(g, s, task) for g, task in zip(groups, tasks) for s in range(group_size)]
             # Let every episode finish (and close its env) before an engine error is raised.
             results = await asyncio.gather(*episodes, return_exceptions=True)
             errors = [r for r in results if isinstance(r, BaseException)]
@@ -298,128 +316,6 @@ class Collector:
         stats.env_s = sum(t.timings.get("env", 0.0) for t in trajectories)
         stats.policy_tokens = sum(t.num_policy_tokens for t in trajectories)
         return trajectories
-
-    # ------------------------------------------------------------------ one episode
-    async def _episode(
-        self,
-        g: int,
-        s: int,
-        task: Task,
-        call_seed: int,
-        batcher: _Batcher,
-        pool: ThreadPoolExecutor,
-        clock: _EnvClock,
-    ) -> Trajectory:
-        cfg = self.config
-        stats = batcher.stats
-        loop = asyncio.get_running_loop()
-        traj = Trajectory(traj_id=f"{call_seed}-{g}-{s}", group_id=g, sample_index=s, task=json_safe(task))
-        timings = {"generate_wait": 0.0, "env": 0.0, "total": 0.0}
-        traj.timings = timings
-        started = time.perf_counter()
-        env: Any = None
-
-        async def in_env(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            clock.enter()
-            try:
-                return await loop.run_in_executor(pool, lambda: fn(*args, **kwargs))
-            finally:
-                clock.leave()
-                timings["env"] += time.perf_counter() - t0
-
-        def fail(where: str, error: BaseException | str) -> None:
-            detail = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-            traj.infra_error = f"{where}: {detail}"
-            traj.stop_reason = "infra_error"
-            log.warning("episode %s: infrastructure failure in %s: %s", traj.traj_id, where, detail)
-
-        try:
-            try:
-                env = await in_env(self._make_env)
-                seed, options = _reset_args(task)
-                obs, info = await in_env(env.reset, seed=seed, options=options)
-            except Exception as exc:
-                fail("env.reset", exc)
-                return traj
-            traj.reset_info = json_safe(dict(info or {}))
-            if (info or {}).get("infra_error"):
-                fail("env.reset", str(info["infra_error"]))
-                return traj
-            t0 = time.perf_counter()
-            traj.prompt_ids = self.delta.prompt_ids(obs)
-            stats.bookkeeping_s += time.perf_counter() - t0
-            limit = min(cfg.max_total_tokens, self.engine.max_model_len)
-
-            for turn in range(cfg.max_turns):
-                room = limit - len(traj.prompt_ids) - len(traj.response_ids)
-                if room <= 0:
-                    traj.stop_reason = "max_total_tokens"
-                    break
-                params = cfg.sampling.with_(
-                    max_new_tokens=min(cfg.sampling.max_new_tokens, room),
-                    seed=turn_seed(call_seed, g, s, turn),
-                )
-                t0 = time.perf_counter()
-                completion = await batcher.generate(traj.prompt_ids + traj.response_ids, params)
-                t1 = time.perf_counter()
-                timings["generate_wait"] += t1 - t0
-                self._append_policy(traj, completion)
-                record = TurnRecord(
-                    policy_tokens=len(completion.token_ids), finish_reason=completion.finish_reason
-                )
-                traj.turns.append(record)
-
-                text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-                stats.bookkeeping_s += time.perf_counter() - t1
-                try:
-                    obs, reward, terminated, truncated, info = await in_env(env.step, text)
-                except Exception as exc:
-                    fail("env.step", exc)
-                    break
-                info = dict(info or {})
-                record.reward = float(reward)
-                record.info = json_safe(info)
-                # The last token appended is this turn's last policy token.
-                traj.token_rewards[-1] += record.reward
-                traj.reward += record.reward
-                if info.get("infra_error"):
-                    fail("env.step", str(info["infra_error"]))
-                    break
-                if terminated:
-                    traj.stop_reason = "terminated"
-                    break
-                if truncated:
-                    traj.stop_reason = "env_truncated"
-                    break
-                if turn == cfg.max_turns - 1:
-                    traj.stop_reason = "max_turns"
-                    break
-                if not obs:
-                    fail("env.step", "the env returned no new messages but did not end the episode")
-                    break
-                t0 = time.perf_counter()
-                cut = self.delta.truncate_tool_messages(list(obs), cfg.max_tool_tokens)
-                record.tool_truncated_tokens = cut.cut_tokens
-                ended_with_eos = completion.token_ids[-1] == self.engine.eos_token_id
-                delta = self.delta.delta_ids(cut.messages, ended_with_eos)
-                if len(traj.prompt_ids) + len(traj.response_ids) + len(delta) >= limit:
-                    # No room for the reply plus at least one policy token: the episode ends here,
-                    # and the dropped reply is recorded rather than silently lost.
-                    record.info["dropped_reply_tokens"] = len(delta)
-                    traj.stop_reason = "max_total_tokens"
-                    break
-                self._append_env(traj, delta)
-                record.tool_tokens = len(delta)
-                stats.bookkeeping_s += time.perf_counter() - t0
-        finally:
-            if env is not None:
-                try:
-                    await in_env(env.close)
-                except Exception as exc:  # a failing close must not lose the episode
-                    log.warning("episode %s: env.close failed: %s", traj.traj_id, exc)
-            timings["total"] = time.perf_counter() - started
-        return traj
 
     @staticmethod
     def _append_policy(traj: Trajectory, completion: Completion) -> None:
@@ -441,8 +337,178 @@ class Collector:
         traj.num_tool_tokens += n
         traj.check()
 
+    # ------------------------------------------------------------------ one episode
+    async def _episode(
+        self,
+        g: int,
+        s: int,
+        task: ResetArgs,
+        call_seed: int,
+        batcher: _Batcher,
+        pool: ThreadPoolExecutor,
+        clock: _EnvClock,
+    ) -> Trajectory:
+        episode = _Episode(
+            self, Trajectory(f"{call_seed}-{g}-{s}", g, s, json_safe(task)), batcher, pool, clock
+        )
+        return await episode.play(task, turn_seeds=(call_seed, g, s))
 
-def _reset_args(task: Task) -> tuple[int | None, dict[str, Any] | None]:
+
+class _Episode:
+    """One episode, read as its loop: open (make + reset + prompt), then per turn a policy turn (sample
+    and append), an env turn (step and place the reward) and the env's reply appended as delta tokens.
+
+    Why an object: those steps share the trajectory, the env, the executor and the timers. Failures
+    of the env are recorded on the trajectory (`fail`), never raised; engine errors propagate.
+    """
+
+    def __init__(
+        self,
+        collector: Collector,
+        traj: Trajectory,
+        batcher: _Batcher,
+        pool: ThreadPoolExecutor,
+        clock: _EnvClock,
+    ) -> None:
+        self.collector, self.config, self.traj = collector, collector.config, traj
+        self.batcher, self.stats, self.pool, self.clock = batcher, batcher.stats, pool, clock
+        self.timings = traj.timings = {"generate_wait": 0.0, "env": 0.0, "total": 0.0}
+        self.env: Any = None
+        self.limit = 0
+        """Prompt + response tokens this episode may reach (the budget and the engine's context)."""
+
+    async def play(self, task: ResetArgs, turn_seeds: tuple[int, int, int]) -> Trajectory:
+        started = time.perf_counter()
+        try:
+            if await self.open(task):
+                await self.turns(turn_seeds)
+        finally:
+            await self.close()
+            self.timings["total"] = time.perf_counter() - started
+        return self.traj
+
+    async def turns(self, turn_seeds: tuple[int, int, int]) -> None:
+        """Policy turn, env turn, reply, until a stop rule ends the episode (the reason is recorded)."""
+        traj, cfg = self.traj, self.config
+        for turn in range(cfg.max_turns):
+            room = self.limit - len(traj.prompt_ids) - len(traj.response_ids)
+            if room <= 0:
+                traj.stop_reason = "max_total_tokens"
+                return
+            completion, record, text = await self.policy_turn(room, turn_seed(*turn_seeds, turn))
+            reply = await self.env_turn(text, record, last_turn=turn == cfg.max_turns - 1)
+            if reply is None or not self.append_reply(reply, completion, record):
+                return
+
+    async def in_env(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run an env call in the env threads, timed (per episode, and the union over episodes)."""
+        t0 = time.perf_counter()
+        self.clock.enter()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args, **kwargs))
+        finally:
+            self.clock.leave()
+            self.timings["env"] += time.perf_counter() - t0
+
+    def fail(self, where: str, error: BaseException | str) -> None:
+        detail = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self.traj.infra_error = f"{where}: {detail}"
+        self.traj.stop_reason = "infra_error"
+        log.warning("episode %s: infrastructure failure in %s: %s", self.traj.traj_id, where, detail)
+
+    async def open(self, task: ResetArgs) -> bool:
+        """Make and reset the env, tokenise the prompt; False when that failed (recorded)."""
+        try:
+            self.env = await self.in_env(self.collector._make_env)
+            seed, options = _reset_args(task)
+            obs, info = await self.in_env(self.env.reset, seed=seed, options=options)
+        except Exception as exc:
+            self.fail("env.reset", exc)
+            return False
+        info = dict(info or {})
+        self.traj.reset_info = json_safe(info)
+        if info.get("infra_error"):
+            self.fail("env.reset", str(info["infra_error"]))
+            return False
+        t0 = time.perf_counter()
+        self.traj.prompt_ids = self.collector.delta.prompt_ids(obs)
+        self.stats.bookkeeping_s += time.perf_counter() - t0
+        self.limit = min(self.config.max_total_tokens, self.collector.engine.max_model_len)
+        return True
+
+    async def policy_turn(self, room: int, seed: int) -> tuple[Completion, TurnRecord, str]:
+        """Sample one turn (at most `room` tokens) and append its ids verbatim, mask 1; returns the
+        completion, the turn's record and its decoded text."""
+        sampling = self.config.sampling
+        params = sampling.with_(max_new_tokens=min(sampling.max_new_tokens, room), seed=seed)
+        t0 = time.perf_counter()
+        completion = await self.batcher.generate(self.traj.prompt_ids + self.traj.response_ids, params)
+        t1 = time.perf_counter()
+        self.timings["generate_wait"] += t1 - t0
+        Collector._append_policy(self.traj, completion)
+        record = TurnRecord(policy_tokens=len(completion.token_ids), finish_reason=completion.finish_reason)
+        self.traj.turns.append(record)
+        text = self.collector.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        self.stats.bookkeeping_s += time.perf_counter() - t1
+        return completion, record, text
+
+    async def env_turn(self, text: str, record: TurnRecord, *, last_turn: bool) -> list[Any] | None:
+        """Step the env with the turn's text and put its reward on the turn's last policy token; the
+        env's new messages, or None when the episode ends here (the reason recorded)."""
+        traj = self.traj
+        try:
+            obs, reward, terminated, truncated, info = await self.in_env(self.env.step, text)
+        except Exception as exc:
+            self.fail("env.step", exc)
+            return None
+        info = dict(info or {})
+        record.reward = float(reward)
+        record.info = json_safe(info)
+        traj.token_rewards[-1] += record.reward  # the last token appended is this turn's last policy token
+        traj.reward += record.reward
+        if info.get("infra_error"):
+            self.fail("env.step", str(info["infra_error"]))
+            return None
+        ended = (
+            "terminated" if terminated else "env_truncated" if truncated else "max_turns" if last_turn else ""
+        )
+        if ended:
+            traj.stop_reason = ended
+            return None
+        if not obs:
+            self.fail("env.step", "the env returned no new messages but did not end the episode")
+            return None
+        return list(obs)
+
+    def append_reply(self, messages: list[Any], completion: Completion, record: TurnRecord) -> bool:
+        """Append the env's reply as chat-template delta tokens (mask 0), its tool output cut to
+        max_tool_tokens; False when the reply plus one more policy token would not fit (the episode
+        ends, and the dropped reply is recorded rather than silently lost)."""
+        t0 = time.perf_counter()
+        delta_maker, traj = self.collector.delta, self.traj
+        cut = delta_maker.truncate_tool_messages(messages, self.config.max_tool_tokens)
+        record.tool_truncated_tokens = cut.cut_tokens
+        ended_with_eos = completion.token_ids[-1] == self.collector.engine.eos_token_id
+        delta = delta_maker.delta_ids(cut.messages, ended_with_eos)
+        self.stats.bookkeeping_s += time.perf_counter() - t0
+        if len(traj.prompt_ids) + len(traj.response_ids) + len(delta) >= self.limit:
+            record.info["dropped_reply_tokens"] = len(delta)
+            traj.stop_reason = "max_total_tokens"
+            return False
+        Collector._append_env(traj, delta)
+        record.tool_tokens = len(delta)
+        return True
+
+    async def close(self) -> None:
+        if self.env is None:
+            return
+        try:
+            await self.in_env(self.env.close)
+        except Exception as exc:  # a failing close must not lose the episode
+            log.warning("episode %s: env.close failed: %s", self.traj.traj_id, exc)
+
+
+def _reset_args(task: ResetArgs) -> tuple[int | None, dict[str, Any] | None]:
     if isinstance(task, bool) or not isinstance(task, (int, Mapping)):
         raise TypeError(f"a task is an int seed or a mapping of reset options, got {type(task).__name__}")
     if isinstance(task, int):

@@ -1,4 +1,4 @@
-"""The trajectory record: token-exact, self-checking, serialisable, and collatable for the learner.
+"""The trajectory record: token-exact, self-checking and serialisable (`agent_rl.batch.collate` packs it).
 
 Why tokens are the single source of truth: the learner scores `prompt_ids + response_ids` and
 trusts `response_mask` to say which of those the policy sampled. Every list in the response part
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -209,56 +209,3 @@ def step_files(run_dir: str | Path) -> list[Path]:
     """All step files of a run, oldest first."""
     folder = Path(run_dir) / "rollouts"
     return sorted(p for p in folder.glob("step_*") if p.suffix in (".jsonl", ".parquet"))
-
-
-def collate(trajectories: Iterable[Trajectory], pad_id: int) -> dict[str, Any]:
-    """Pack trajectories into the learner's tensors: prompts left-padded, responses right-padded.
-
-    Returns (P = longest prompt, R = longest response, L = P + R):
-      input_ids       (B, L) long   prompt then response ids, pad elsewhere
-      attention_mask  (B, L) long   1 on real tokens (tool tokens included: the policy reads them)
-      position_ids    (B, L) long   0.. over real tokens
-      responses       (B, R) long   response ids; logits for them are logits[:, P-1:-1]
-      response_mask   (B, R) float  1 only on tokens the policy sampled
-      old_log_probs   (B, R) float  sampling log-probs, 0 elsewhere
-      token_rewards   (B, R) float
-      group_index     (B,)   long   samples of one task share it
-      valid           (B,)   bool   False for infrastructure failures (exclude from baselines)
-      prompt_length   int    P
-    """
-    import torch
-
-    trajs = list(trajectories)
-    if not trajs:
-        raise ValueError("collate needs at least one trajectory")
-    batch = len(trajs)
-    p_len = max(len(t.prompt_ids) for t in trajs)
-    r_len = max(1, max(len(t.response_ids) for t in trajs))
-    input_ids = torch.full((batch, p_len + r_len), pad_id, dtype=torch.long)
-    attention = torch.zeros((batch, p_len + r_len), dtype=torch.long)
-    mask = torch.zeros((batch, r_len), dtype=torch.float32)
-    old_lp = torch.zeros((batch, r_len), dtype=torch.float32)
-    rewards = torch.zeros((batch, r_len), dtype=torch.float32)
-    for i, t in enumerate(trajs):
-        t.check()
-        n_p, n_r = len(t.prompt_ids), len(t.response_ids)
-        input_ids[i, p_len - n_p : p_len] = torch.tensor(t.prompt_ids, dtype=torch.long)
-        attention[i, p_len - n_p : p_len] = 1
-        if n_r:
-            input_ids[i, p_len : p_len + n_r] = torch.tensor(t.response_ids, dtype=torch.long)
-            attention[i, p_len : p_len + n_r] = 1
-            mask[i, :n_r] = torch.tensor(t.response_mask, dtype=torch.float32)
-            old_lp[i, :n_r] = torch.tensor(t.log_probs, dtype=torch.float32)
-            rewards[i, :n_r] = torch.tensor(t.token_rewards, dtype=torch.float32)
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention,
-        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
-        "responses": input_ids[:, p_len:],
-        "response_mask": mask,
-        "old_log_probs": old_lp,
-        "token_rewards": rewards,
-        "group_index": torch.tensor([t.group_id for t in trajs], dtype=torch.long),
-        "valid": torch.tensor([t.valid for t in trajs], dtype=torch.bool),
-        "prompt_length": p_len,
-    }

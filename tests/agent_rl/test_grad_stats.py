@@ -122,8 +122,8 @@ def test_per_sample_policy_gradients_sum_to_the_batch_gradient():
 
 
 def test_tiny_model_prefix_total_equals_sequence_gradient_norm(tiny_model_dir):
+    from agent_rl.build import load_model_and_tokenizer
     from agent_rl.logprobs import causal_lm_token_stats
-    from agent_rl.tiny_model import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(tiny_model_dir)
     ids = torch.randint(0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))

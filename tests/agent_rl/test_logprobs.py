@@ -160,7 +160,7 @@ def test_bad_targets_and_shapes_raise():
 
 @pytest.fixture(scope="module")
 def tiny_model(tiny_model_dir):
-    from agent_rl.tiny_model import load_model_and_tokenizer
+    from agent_rl.build import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(tiny_model_dir)
     return model

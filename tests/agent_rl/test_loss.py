@@ -212,8 +212,8 @@ def test_tiny_model_pipeline_stats_to_otb_to_loss_is_finite(tiny_model_dir):
     """The learner core wired the way the trainer uses it: one no-grad pass for old log-probs and the
     proxy, OTB advantages, then a differentiable pass and the PPO loss with entropy and KL."""
     from agent_rl.advantages import AdvantageInputs, compute_advantages
+    from agent_rl.build import load_model_and_tokenizer
     from agent_rl.logprobs import causal_lm_token_stats
-    from agent_rl.tiny_model import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(tiny_model_dir)
     gen = torch.Generator().manual_seed(0)

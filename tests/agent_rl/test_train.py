@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -141,3 +142,51 @@ def test_training_with_the_vllm_engine_syncs_weights_in_place(tiny_model_dir: Pa
     assert all(r["grad/norm"] > 0 for r in rows)  # the entropy bonus moves the weights every step
     for r in rows:
         assert r["policy/sampler_trainer_logp_diff"] < 1e-3, r["policy/sampler_trainer_logp_diff"]
+
+
+class OutageSandbox:
+    """A real LocalSandbox whose first `down` session opens fail, like a sandbox service restarting."""
+
+    def __init__(self, down: int) -> None:
+        from sandbox import LocalSandbox
+
+        self.inner = LocalSandbox()
+        self.down = down
+        self.lock = threading.Lock()  # episodes open sessions from several env threads
+
+    def session(self, **limits: object) -> object:
+        with self.lock:
+            failing = self.down > 0
+            self.down -= failing
+        if failing:
+            raise ConnectionRefusedError("sandbox restarting")
+        return self.inner.session(**limits)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.mark.parametrize(("down", "skipped"), [(4, False), (8, True)])
+def test_a_step_whose_episodes_all_fail_is_retried_then_skipped_and_training_goes_on(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, down: int, skipped: bool
+) -> None:
+    """All 4 episodes of step 1 fail at reset: one retry (4 more failures) brings the outage past it
+    (down=4), or it is skipped without an update (down=8); step 2 trains either way."""
+    from agent_rl import build
+
+    monkeypatch.setattr(build, "make_sandbox", lambda cfg: OutageSandbox(down))
+    sets = [*SMALL, f"model.path={tiny_model_dir}", f"run.out_dir={tmp_path}", "run.name=outage"]
+    trainer = Trainer(build_config({}, [*sets, "train.steps=2", "train.warmup.steps=0", "env.eval_tasks=0"]))
+    trainer.retry_backoff_s = (0.01,)
+    trainer.fit()
+    rows = {r["step"]: r for r in read_metrics(tmp_path / "outage") if "env/infra_errors" in r}
+    assert rows[1]["perf/rollout_retries"] == 1
+    if skipped:
+        assert rows[1]["train/skipped_step"] == 1.0 and "losses/loss" not in rows[1]
+        assert rows[1]["env/infra_errors"] == 4
+    else:
+        assert "losses/loss" in rows[1] and rows[1]["env/infra_errors"] == 0
+    assert (
+        "losses/loss" in rows[2] and rows[2]["env/infra_errors"] == 0 and rows[2]["perf/rollout_retries"] == 0
+    )
+    assert (tmp_path / "outage" / "checkpoints" / "step_000002").is_dir()

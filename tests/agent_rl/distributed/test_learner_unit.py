@@ -8,9 +8,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from agent_rl.batch import batch_from_tensors, gather_rows  # noqa: E402
 from agent_rl.config import ConfigError, build_config  # noqa: E402
-from agent_rl.distributed.learner import gather_shards, reduce_update_metrics, shard_rows  # noqa: E402
-from agent_rl.learner import Shard  # noqa: E402
+from agent_rl.distributed.learner import reduce_update_metrics, shard_rows  # noqa: E402
+from agent_rl.parallel import Shard  # noqa: E402
 
 
 def test_learner_ranks_need_ray_and_a_group_each() -> None:
@@ -35,10 +36,10 @@ def test_shards_hold_whole_groups_and_gather_restores_the_order() -> None:
     mixed = torch.tensor([0, 1, 0, 1])
     rows = shard_rows(mixed, 2)
     assert [r.tolist() for r in rows] == [[0, 2], [1, 3]]
-    batch = {"x": torch.arange(4) * 10, "prompt_length": 6}
-    parts = [{"x": batch["x"][r] + 1, "prompt_length": 6} for r in rows]
-    gathered = gather_shards(parts, rows, 4)
-    assert torch.equal(gathered["x"], torch.tensor([1, 11, 21, 31])) and gathered["prompt_length"] == 6
+    ids = torch.arange(4)[:, None] * 10 + torch.arange(3)  # (4, 3): row i starts at 10 i
+    batch = batch_from_tensors(ids, torch.ones(4, 2), torch.zeros(4, 2), torch.zeros(4, 2), mixed)
+    gathered = gather_rows([batch.rows(r) for r in rows], rows)
+    assert torch.equal(gathered.input_ids, ids) and torch.equal(gathered.group_index, mixed)
 
 
 def test_shard_keeps_its_rows_of_a_global_minibatch_in_order() -> None:

@@ -20,9 +20,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from agent_rl.build import load_model_and_tokenizer  # noqa: E402
 from agent_rl.config import AlgoConfig, TrainConfig  # noqa: E402
 from agent_rl.learner import Learner  # noqa: E402
-from agent_rl.tiny_model import load_model_and_tokenizer  # noqa: E402
 from tests.agent_rl.test_learner import make_batch  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -73,7 +73,7 @@ def test_two_ranks_take_the_single_process_step(ranks: Any, tiny_model_dir: Path
     for i, batch in enumerate(BATCHES):
         scored_local, want = local.step(batch, diagnose=i == 1)
         scored_ranks, got = ranks.step(batch, diagnose=i == 1)
-        assert torch.allclose(scored_ranks["advantages"], scored_local["advantages"], atol=1e-6)
+        assert torch.allclose(scored_ranks.advantages, scored_local.advantages, atol=1e-6)
         assert set(got) == set(want)
         for key, value in want.items():
             assert math.isclose(got[key], value, rel_tol=1e-5, abs_tol=1e-6), (i, key, got[key], value)

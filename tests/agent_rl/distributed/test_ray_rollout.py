@@ -48,8 +48,8 @@ def _tasks(n: int) -> list[dict[str, int]]:
 
 
 def _rollout(cfg_overrides: list[str], tiny_model_dir: Path) -> tuple[Any, Any, Any]:
+    from agent_rl.build import load_model_and_tokenizer
     from agent_rl.distributed import RayRollout
-    from agent_rl.tiny_model import load_model_and_tokenizer
 
     cfg = build_config({}, [*ROLL, f"model.path={tiny_model_dir}", "scale.backend=ray", *cfg_overrides])
     model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
@@ -105,7 +105,7 @@ def _train(tiny_model_dir: Path, out: Path, name: str, extra: list[str]) -> tupl
         if hasattr(trainer.learner, "digests"):
             assert len(set(trainer.learner.digests())) == 1, "the learner replicas drifted apart"
     finally:
-        for part in (trainer.engine, trainer.learner):
+        for part in (trainer.sampler, trainer.learner):
             if hasattr(part, "shutdown"):
                 part.shutdown()
     rows = {

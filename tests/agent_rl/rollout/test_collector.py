@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
+from agent_rl.batch import collate
 from agent_rl.rollout.chat_delta import ChatDelta
 from agent_rl.rollout.collector import Collector, CollectorConfig
 from agent_rl.rollout.engine import SamplingParams
-from agent_rl.rollout.trajectory import collate
 from tests.agent_rl.rollout.helpers import FlakySandbox, SandboxEnv, ScriptedEngine, ScriptedToolEnv
 from tests.agent_rl.rollout.test_chat_delta import STRIP_THINK_TEMPLATE
 
@@ -170,7 +170,7 @@ def test_env_that_raises_is_an_infra_failure_not_a_zero_reward(tokenizer: Any) -
     healthy = next(t for t in trajs if not t.infra_error)
     assert healthy.stop_reason == "terminated" and healthy.reward == 1.0
     batch = collate(trajs, pad_id=tokenizer.pad_token_id)
-    assert batch["valid"].tolist() == [t.infra_error is None for t in trajs]
+    assert batch.valid.tolist() == [t.infra_error is None for t in trajs]
 
 
 def test_env_that_fails_to_reset_or_reports_infra_error(tokenizer: Any) -> None:
@@ -231,20 +231,20 @@ def test_tiny_model_multi_turn_log_probs_have_no_drift(
         [1, 2], group_size=2
     )
     batch = collate(trajs, pad_id=tokenizer.pad_token_id)
-    p_len = batch["prompt_length"]
+    r_len = batch.response_length
     with torch.no_grad():
         logits = reference_model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
         ).logits.float()  # (B, L, V)
-    scores = (logits[:, p_len - 1 : -1] / 0.8).log_softmax(-1)  # (B, R, V)
-    recomputed = scores.gather(-1, batch["responses"][..., None])[..., 0]  # (B, R)
-    mask = batch["response_mask"].bool()
+    scores = (logits[:, -r_len - 1 : -1] / 0.8).log_softmax(-1)  # (B, R, V)
+    recomputed = scores.gather(-1, batch.responses[..., None])[..., 0]  # (B, R)
+    mask = batch.policy_mask
     assert mask.sum() == sum(t.num_policy_tokens for t in trajs) > 0
-    diff = (recomputed - batch["old_log_probs"])[mask].abs().max()
+    diff = (recomputed - batch.sampler_log_probs)[mask].abs().max()
     assert diff < tolerance, diff
-    assert (batch["old_log_probs"][~mask] == 0).all()
+    assert (batch.sampler_log_probs[~mask] == 0).all()
     for t in trajs:
         t.check()
         tool_ids = [tok for tok, m in zip(t.response_ids, t.response_mask, strict=True) if not m]
@@ -268,7 +268,7 @@ def test_sandbox_going_away_mid_rollout(hf_engine: Any, tokenizer: Any) -> None:
         assert t.stop_reason == "infra_error"
         t.check()
     batch = collate(trajs, pad_id=tokenizer.pad_token_id)
-    assert batch["valid"].sum() == len(trajs) - len(failed)
+    assert batch.valid.sum() == len(trajs) - len(failed)
 
 
 def test_env_reply_missing_is_flagged(tokenizer: Any) -> None:

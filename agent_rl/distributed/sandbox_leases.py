@@ -1,4 +1,4 @@
-"""A sandbox capacity pool shared by every rollout worker: load balancing and back-pressure.
+"""A lease table over sandbox services, shared by every rollout worker: load balancing and back-pressure.
 
 Why a lease table in one Ray actor: a sandbox service refuses sessions beyond its limit (HTTP 429),
 and the client gives up after a few retries, so N workers that each open sessions freely turn a

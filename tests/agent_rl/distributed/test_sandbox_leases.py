@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from agent_rl.distributed.sandbox_pool import (
+from agent_rl.distributed.sandbox_leases import (
     DEFAULT_CAPACITY,
     LeasedSession,
     LeaseTable,
