@@ -36,6 +36,7 @@ from sandbox.http.server.schemas import (
     RunCodeResponse,
     SessionCreate,
     SessionPublic,
+    error_responses,
 )
 from sandbox.http.server.state import Overloaded, ServerState
 from sandbox.http.settings import SandboxSettings
@@ -103,7 +104,12 @@ def _get_session(state: ServerState, session_id: str) -> Session:
     return s
 
 
-v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], tags=["v1"])
+v1 = APIRouter(
+    prefix="/v1",
+    dependencies=[Depends(require_token)],
+    tags=["v1"],
+    responses=error_responses(401, 413, 422, 429, 503),
+)
 
 
 @v1.post("/sessions", status_code=201, response_model=SessionPublic)
@@ -117,12 +123,12 @@ async def create_session(state: StateDep, body: SessionCreate | None = None) -> 
     return _session_public(s)
 
 
-@v1.get("/sessions/{session_id}", response_model=SessionPublic)
+@v1.get("/sessions/{session_id}", response_model=SessionPublic, responses=error_responses(404))
 async def get_session(state: StateDep, session_id: str) -> SessionPublic:
     return _session_public(_get_session(state, session_id))
 
 
-@v1.delete("/sessions/{session_id}", status_code=204)
+@v1.delete("/sessions/{session_id}", status_code=204, responses=error_responses(404))
 async def delete_session(state: StateDep, session_id: str) -> Response:
     s = _get_session(state, session_id)
     await anyio.to_thread.run_sync(s.close)
@@ -130,7 +136,11 @@ async def delete_session(state: StateDep, session_id: str) -> Response:
     return Response(status_code=204)
 
 
-@v1.post("/sessions/{session_id}/execute", response_model=ExecResultPublic)
+@v1.post(
+    "/sessions/{session_id}/execute",
+    response_model=ExecResultPublic,
+    responses=error_responses(404, 409),
+)
 async def execute_in_session(state: StateDep, session_id: str, body: ExecuteIn) -> Any:
     _check_code(state, body.code)
     s = _get_session(state, session_id)
@@ -192,7 +202,14 @@ async def execute_batch(state: StateDep, body: BatchIn) -> Any:
     return JSONResponse({"results": [r.to_dict() for r in results]})
 
 
-fusion = APIRouter(dependencies=[Depends(require_token)], tags=["sandboxfusion"])
+fusion = APIRouter(
+    dependencies=[Depends(require_token)],
+    tags=["sandboxfusion"],
+    responses={
+        **error_responses(400, 401, 413, 422, 429),
+        503: {"model": RunCodeResponse, "description": "The sandbox failed: status SandboxError"},
+    },
+)
 
 
 @fusion.post("/run_code", response_model=RunCodeResponse)
@@ -235,7 +252,7 @@ def _has_token(state: ServerState, request: Request) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), token.get_secret_value().encode())
 
 
-@ops.get("/readyz")
+@ops.get("/readyz", responses={503: {"description": "Not ready (same body, ready false)"}})
 async def readyz(state: StateDep, request: Request) -> JSONResponse:
     """Ready or not for anyone; the details (isolation, load, last error) only with the token."""
     sb = state.sandbox
@@ -268,7 +285,7 @@ async def redoc_docs() -> Response:
     return get_redoc_html(openapi_url="/openapi.json", title="agent-rl sandbox")
 
 
-@ops.get("/metrics", dependencies=[Depends(require_token)])
+@ops.get("/metrics", dependencies=[Depends(require_token)], responses=error_responses(401))
 async def metrics(state: StateDep) -> Response:
     state.refresh_gauges()
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

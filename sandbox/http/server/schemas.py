@@ -7,6 +7,34 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class ValidationIssue(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorOut(BaseModel):
+    """Every error body. ``detail`` is a message, or, for a request that does not parse or fit the
+    schema (422 from validation), the list of what is wrong with it."""
+
+    detail: str | list[ValidationIssue]
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these error statuses, so the schema documents what is answered."""
+    what = {
+        400: "Bad request (e.g. an unsupported language)",
+        401: "Missing or wrong bearer token",
+        404: "Unknown session (expired, deleted, or never created)",
+        409: "The session was closed while this execution ran: it was cancelled",
+        413: "Body or code over the size limit",
+        422: "Invalid request or limits",
+        429: "Overloaded: retry after the Retry-After header's seconds",
+        503: "The sandbox itself failed (a worker could not start, ...)",
+    }
+    return {code: {"model": ErrorOut, "description": what[code]} for code in codes}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
