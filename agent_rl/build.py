@@ -180,6 +180,7 @@ def collector_configs(cfg: Config) -> CollectorConfigs:
         "max_turns": rollout.max_turns,
         "max_total_tokens": rollout.max_total_tokens,
         "max_tool_tokens": rollout.max_tool_tokens,
+        "deterministic": rollout.deterministic_batching,
     }
     return CollectorConfigs(
         train=CollectorConfig(sampling=sampling, **budgets),

@@ -79,6 +79,10 @@ class RolloutConfig(Section):
     max_tool_tokens: int = Field(64, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    deterministic_batching: bool = True
+    """Lockstep engine batches whose composition never depends on timing, so that one seed gives
+    bit-identical runs on one machine (see CollectorConfig.deterministic). False trades that for
+    throughput when tool calls are slow and uneven (benchmarks/rollout_bench.py measures both)."""
     vllm_gpu_memory_utilization: float = Field(0.4, gt=0, lt=1)
     """engine=vllm on a GPU: the share of GPU memory vLLM may take beside the trainer (ignored on CPU)."""
 
@@ -107,6 +111,15 @@ class WarmupConfig(Section):
     """Supervised steps on scripted tool-use demonstrations before RL (0 = none)."""
     batch_size: int = Field(16, ge=1)
     lr: float = Field(3e-3, gt=0)
+    lr_schedule: Literal["constant", "linear"] = "linear"
+    """linear: decay to 0 at the last step, so the warmed-up model does not depend on the last
+    few noisy steps (see agent_rl.warmup.run_warmup)."""
+    hallucinate_fraction: float = Field(0.0, ge=0, lt=1)
+    """Share of demonstrations that make the tool's output up instead of waiting for it
+    (envs.demos.hallucinated_demonstration). Deliberately imperfect teaching: above 0.5 the
+    warmed-up greedy policy never waits for the tool (success ~0), and RL must discover that
+    waiting pays. Every demonstration still copies an output into the box, so that skill is
+    trained on all of them."""
     demos: int = Field(1024, ge=1)
     """Distinct demonstrations played through the env (too few and a small model memorises them)."""
 

@@ -19,13 +19,24 @@ PLOTS = {
 }
 
 
+TIMING_PREFIX = "perf/"
+"""Metrics under this prefix measure the machine (wall times, throughput), not the learning: they
+go to `perf.jsonl`, so that `metrics.jsonl` is bit-identical across runs of one config and seed."""
+
+
 class MetricsLogger:
-    """Append-only JSONL (the source of truth) plus TensorBoard when it is installed."""
+    """Append-only JSONL (the source of truth) plus TensorBoard when it is installed.
+
+    `metrics.jsonl` holds what the run computed; `perf.jsonl` holds timings, each line tagged with
+    the index of the `metrics.jsonl` line it belongs to (`read_metrics` joins them back).
+    """
 
     def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
+        self.perf_path = self.run_dir / "perf.jsonl"
+        self._row = len(_lines(self.path))
         self._tb = None
         if tensorboard:
             try:
@@ -39,11 +50,20 @@ class MetricsLogger:
         """On resume, drop lines written after the checkpoint so the log has no duplicate steps."""
         kept = [line for line in _lines(self.path) if json.loads(line).get("step", 0) <= step]
         self.path.write_text("".join(line + "\n" for line in kept))
+        timings = [line for line in _lines(self.perf_path) if json.loads(line)["row"] < len(kept)]
+        self.perf_path.write_text("".join(line + "\n" for line in timings))
+        self._row = len(kept)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         clean = {k: _plain(v) for k, v in metrics.items()}
+        learning = {k: v for k, v in clean.items() if not k.startswith(TIMING_PREFIX)}
+        timing = {k: v for k, v in clean.items() if k.startswith(TIMING_PREFIX)}
         with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, **clean}) + "\n")
+            f.write(json.dumps({"step": step, **learning}) + "\n")
+        if timing:
+            with self.perf_path.open("a") as f:
+                f.write(json.dumps({"step": step, "row": self._row, **timing}) + "\n")
+        self._row += 1
         if self._tb is not None:
             for k, v in clean.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
@@ -71,7 +91,14 @@ def _plain(v: Any) -> Any:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in _lines(Path(run_dir) / "metrics.jsonl")]
+    """Every logged row, with its timings (from perf.jsonl) merged back in."""
+    rows = [json.loads(line) for line in _lines(Path(run_dir) / "metrics.jsonl")]
+    for line in _lines(Path(run_dir) / "perf.jsonl"):
+        timing = json.loads(line)
+        row = timing.pop("row")
+        if row < len(rows) and rows[row]["step"] == timing.pop("step"):
+            rows[row].update(timing)
+    return rows
 
 
 def write_plots(run_dir: Path) -> list[Path]:

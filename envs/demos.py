@@ -104,8 +104,18 @@ def confident_guess(answer: str) -> str:
     return str(guess if guess != value else value + scale)
 
 
-def guess_demonstration(env: gym.Env, task_index: int) -> Episode:
-    """Task `task_index` answered at once, without the tool, with a confident wrong guess."""
-    task = env.unwrapped.tasks[task_index]
-    return play(env, [f"\\boxed{{{confident_guess(task.answer)}}}"], options={"task_index": task_index})
+def hallucinated_demonstration(env: gym.Env, task_index: int) -> Episode:
+    """Task `task_index` with the tool's output made up, a real failure of tool-using models.
 
+    The call is written, but instead of ending the turn to wait for the result, the turn goes on
+    with a confident guess of the output (a round number) and its boxed copy. The answer ends the
+    episode, so the call never runs and the reward is 0. The guess is round on purpose: a policy
+    that made up full-length digits learned to make up digits after a real output too (measured:
+    greedy success 0 -> 0 after RL), while a round guess keeps "copy the output" a distinct skill.
+    """
+    base = env.unwrapped
+    task = base.tasks[task_index]
+    call = scripted_solution(task, base.format.name)[0]
+    guess = confident_guess(task.answer)
+    turn = f"{call}\n```output\n{guess}\n```\n\\boxed{{{guess}}}"
+    return play(env, [turn], options={"task_index": task_index})

@@ -60,10 +60,18 @@ class CollectorConfig:
     """Threads for env construction, reset, step and close (sandbox calls block in them)."""
     max_batch_size: int | None = None
     """Most sequences per engine call (None = all waiting ones)."""
+    deterministic: bool = True
+    """Batch in lockstep: every engine call waits until each live episode is waiting for a turn
+    (or finished), and serves them in a fixed order. A batch's composition is then a function of
+    the episodes' state, never of thread or sandbox timing, so one seed gives the same tokens,
+    log-probs and metrics in every process (batched float arithmetic depends on who shares the
+    batch). The cost is that the engine waits for the slowest tool call of a turn; False batches
+    by arrival with the adaptive wait below (throughput first, reproducible only up to float noise)."""
     batch_wait_s: float | None = None
-    """How long a generation call may wait for episodes still in an env step to join it. None =
-    adaptive: a quarter of the recent engine-call time (50 ms before the first call), since a
-    split batch costs about one more engine call while waiting costs only the wait. 0 = never wait."""
+    """With deterministic=False: how long a generation call may wait for episodes still in an env
+    step to join it. None = adaptive: a quarter of the recent engine-call time (50 ms before the
+    first call), since a split batch costs about one more engine call while waiting costs only the
+    wait. 0 = never wait."""
     batch_wait_fraction: float = 0.25
     """The adaptive wait as a fraction of the recent engine-call duration (with batch_wait_s=None)."""
     chat_template: str | None = None
@@ -153,6 +161,20 @@ class _Batcher:
         self._wake.set()
         return await future
 
+    async def _gather(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Let episodes still in an env step join the next engine call."""
+        if self.config.deterministic:
+            while len(self._pending) < self._live():
+                self._wake.clear()
+                await self._wake.wait()
+            # Arrival order depends on timing; the (seed, prompt) order does not. Seeds are
+            # per (call, group, sample, turn), and rows that tie on both are identical anyway.
+            self._pending.sort(key=lambda b: (-1 if b[1].seed is None else b[1].seed, b[0]))
+            return
+        deadline = loop.time() + self._wait_budget()
+        while len(self._pending) < self._live() and loop.time() < deadline:
+            await asyncio.sleep(0.0005)
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -160,10 +182,7 @@ class _Batcher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            # Give episodes that are about to finish an env step a moment to join this batch.
-            deadline = loop.time() + self._wait_budget()
-            while len(self._pending) < self._live() and loop.time() < deadline:
-                await asyncio.sleep(0.0005)
+            await self._gather(loop)
             limit = self.config.max_batch_size or len(self._pending)
             batch, self._pending = self._pending[:limit], self._pending[limit:]
             started = time.perf_counter()

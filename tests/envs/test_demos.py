@@ -64,18 +64,24 @@ def test_confident_guess_is_plausible_and_wrong(answer: str) -> None:
     from envs.demos import confident_guess
 
     guess = confident_guess(answer)
-    assert guess != answer
+    assert guess != answer and guess == confident_guess(answer)  # wrong, and always the same
     if answer.lstrip("-").isdigit() and len(answer) > 2:
-        assert len(guess) == len(answer)  # same magnitude: looks like an answer to this task
+        # same sign and length, two significant digits: a round estimate of this task's answer
+        assert len(guess) == len(answer) and guess.startswith("-") == answer.startswith("-")
+        assert set(guess.lstrip("-")[2:]) == {"0"}
 
 
-def test_guess_demonstration_answers_without_the_tool_and_scores_zero(sandbox) -> None:
-    from envs.demos import guess_demonstration
+def test_hallucinated_demonstration_makes_the_output_up_and_scores_zero(sandbox) -> None:
+    from envs.demos import confident_guess, hallucinated_demonstration
 
     env = gym.make("agent_rl/PythonArithEasy-v0", sandbox=sandbox)
-    episode = guess_demonstration(env, 5)
+    task = env.unwrapped.tasks[5]
+    episode = hallucinated_demonstration(env, 5)
     env.close()
     assert episode.terminated and episode.total_reward == 0.0
+    assert episode.infos[-1]["skipped_calls"] == 1  # the call was written but never ran
     assistant = [m["content"] for m in episode.messages if m["role"] == "assistant"]
-    assert len(assistant) == 1 and assistant[0].startswith("\\boxed{")
+    guess = confident_guess(task.answer)
+    assert len(assistant) == 1 and assistant[0].startswith("```python\n")
+    assert assistant[0].endswith(f"```output\n{guess}\n```\n\\boxed{{{guess}}}")
     assert not any(m["role"] == "tool" for m in episode.messages)
