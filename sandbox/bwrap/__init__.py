@@ -3,3 +3,5 @@
 ``launcher`` starts one confined worker (or, loudly, an rlimits-only one), ``cgroups`` gives it a
 memory and pids cgroup where the host allows, ``local`` is ``LocalSandbox``.
 """
+
+from __future__ import annotations

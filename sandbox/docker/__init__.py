@@ -3,3 +3,5 @@
 
 Importing this package needs nothing; ``backend`` needs the docker SDK (the ``docker`` extra).
 """
+
+from __future__ import annotations

@@ -5,3 +5,5 @@ attach socket with its stream headers removed); ``core`` drives one session's ce
 and turns every way a worker can fail into an ``ExecResult`` or ``SandboxUnavailable``; ``pool``
 keeps workers from any ``Launcher`` warm; ``box`` is the sandbox/session API the backends expose.
 """
+
+from __future__ import annotations

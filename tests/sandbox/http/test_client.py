@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -72,8 +73,6 @@ def test_wrong_token_and_unreachable_server(url: str) -> None:
 
 
 async def test_async_client(url: str) -> None:
-    import asyncio
-
     async with AsyncClient(url, token="tok") as c:
         async with c.session() as s:
             await s.run("y = 2")
@@ -212,6 +211,18 @@ def test_sessions_spread_over_comma_separated_replicas_and_stay_on_theirs() -> N
     finally:
         for box in boxes:
             box.close()
+
+
+async def _async_replicas(url: str, boxes: list[LocalSandbox]) -> None:
+    async with AsyncClient(url) as c:
+        assert await c.healthy()
+        sessions = [await c.session() for _ in range(2)]
+        assert [len(box.sessions) for box in boxes] == [1, 1]
+        for i, s in enumerate(sessions):
+            await s.run(f"w = {i}")
+        assert [(await s.run("w")).value for s in sessions] == ["0", "1"]
+        for s in sessions:
+            await s.close()
 
 
 def test_a_bad_replica_list_is_a_clear_error() -> None:
