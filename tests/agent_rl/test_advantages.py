@@ -1,4 +1,12 @@
-"""Advantage estimators: hand-computed cases, edge cases, cross-estimator identities, loop reference."""
+"""Advantage estimators: hand-computed cases, edge cases, cross-estimator identities, loop reference.
+
+Tolerances. Inputs here are float64 unless a test says otherwise, and two computations of the same
+quantity differ only by re-association of sums of <= 24 terms (~24 x 2^-53 ~ 3e-15 relative), so
+where no tolerance is given torch's float64 default (rtol = atol = 1e-7) is ~1e7 x that and still far
+below what a wrong formula gives (O(0.1) in these cases). The explicit atol=1e-7 / 1e-6 sites compare with
+expectations written without the estimator's OTB_EPS = 1e-8 in the baseline's denominator, which
+shifts b by |b| eps / sum W: at most ~4e-8 in those tests (each states its margin).
+"""
 
 from __future__ import annotations
 
@@ -119,6 +127,7 @@ def test_otb_hand_computed_two_responses():
     inputs = make_inputs([[0.0, 1.0], [0.0, 0.0]], [[1, 1], [1, 1]], ["a", "a"], w=w)
     adv = compute_advantages("otb", inputs)
     expected = torch.tensor([[0.6, 0.5], [-0.4, -0.5]], dtype=torch.float64)
+    # OTB_EPS shift: b eps / sum W <= 0.5 x 1e-8 / 1.25 = 4e-9; atol 1e-7 leaves 25x
     torch.testing.assert_close(adv, expected, atol=1e-7, rtol=0)
 
 
@@ -143,6 +152,7 @@ def test_tir_tool_span_in_the_middle_aligns_on_kth_policy_token():
     mask = [[1, 0, 0, 1], [1, 1, 0, 0]]
     tir = compute_advantages("tir_otb", make_inputs(rewards, mask, [7, 7], w=w))
     third = 1.0 / 3.0
+    # OTB_EPS shift: (2/3) x 1e-8 / 0.75 ~ 9e-9 (k=0, the smallest sum W); atol 1e-7 leaves 10x
     torch.testing.assert_close(
         tir,
         torch.tensor([[third, 0, 0, third], [-2 * third, -2 * third, 0, 0]], dtype=torch.float64),
@@ -166,9 +176,12 @@ def test_zero_tail_on_and_off():
     on = compute_advantages("otb", make_inputs(rewards, mask, [0, 0]))
     off = compute_advantages("otb", make_inputs(rewards, mask, [0, 0]), handle_zero_tail=False)
     # t = 0: both W = 0.5, G = [1, 1] -> b = 1 -> A = 0 for both.
+    # OTB_EPS shift: A = G eps / (sum W + eps) = 1e-8 / 1.0; atol 1e-7 leaves 10x
     torch.testing.assert_close(on[:, 0], torch.zeros(2, dtype=torch.float64), atol=1e-7, rtol=0)
     torch.testing.assert_close(on[0, 1:], torch.ones(2, dtype=torch.float64))  # baseline 0 -> A = G = 1
-    assert off[0, 1:].abs().max() < 1e-6  # b = G W / (W + eps) ~ G: the signal the handling protects
+    # b = G W / (W + eps) ~ G: the signal the handling protects. A = G eps / (W + eps) <= 1e-8 here
+    # (W >= 1.0): 1e-6 is 100x that and a millionth of the signal G = 1.
+    assert off[0, 1:].abs().max() < 1e-6
     assert off[1, 1:].eq(0).all() and on[1, 1:].eq(0).all()
 
 
@@ -208,7 +221,7 @@ def test_importance_weights_scale_the_proxy_by_rho_squared():
     )
     torch.testing.assert_close(got, want)
     plain = optimal_token_baseline(rewards, mask, old_lp, sp2, groups, multi_turn=True)
-    assert not torch.allclose(got, plain)
+    assert not torch.allclose(got, plain)  # rho in [0.5, 1.5) moves b by O(0.1) >> allclose's 1e-5
 
 
 # ---------------------------------------------------------------- vectorised == loop reference
@@ -226,6 +239,8 @@ def test_vectorised_matches_loop_reference(seed, multi_turn, handle_zero_tail):
     want = reference_otb(
         rewards, mask, old_lp, sp2, groups, multi_turn=multi_turn, handle_zero_tail=handle_zero_tail
     )
+    # float64, same eps both sides: re-association of <= 24-term sums, ~24 x 2^-53 x |G| (|G| < 4)
+    # < 1e-14; 1e-10 leaves 1e4x and is still ~1e8x below a wrong baseline
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
     name = "tir_otb" if multi_turn else "otb"
     inputs = AdvantageInputs(rewards, mask, groups, old_log_probs=old_lp, sum_pi_squared=sp2, valid=valid)
@@ -251,7 +266,7 @@ def test_tir_differs_from_single_turn_only_when_tool_spans_misalign():
     rewards, mask, old_lp, sp2, groups = random_batch(11, tool_spans=True)
     single = optimal_token_baseline(rewards, mask, old_lp, sp2, groups)
     tir = optimal_token_baseline(rewards, mask, old_lp, sp2, groups, multi_turn=True)
-    assert not torch.allclose(single, tir)
+    assert not torch.allclose(single, tir)  # misaligned positions change b by O(0.1) >> 1e-5
 
 
 def test_float32_and_group_ids_as_tensor():
@@ -260,6 +275,9 @@ def test_float32_and_group_ids_as_tensor():
     got = optimal_token_baseline(rewards.float(), mask.float(), old_lp.float(), sp2.float(), dense_ids)
     want = reference_otb(rewards, mask, old_lp, sp2, groups, multi_turn=False, handle_zero_tail=True)
     assert got.dtype == torch.float32
+    # float32 vs the float64 reference: inputs rounded to 2^-24, w = 1 - 2p + s cancels terms ~1 down
+    # to >= (1-p)^2 >= 1e-4, sums of <= 24 terms. Measured 5e-8 (AVX2 and AVX-512); 1e-5 is ~170 ulp
+    # of |A| <= 1 and still 1e4 below a wrong baseline
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
@@ -303,6 +321,7 @@ def test_constant_w_equal_lengths_is_grpo_without_std(name):
     rewards, mask, ids = equal_length_outcome_batch(0)
     otb_adv = compute_advantages(name, make_inputs(rewards, mask, ids, w=torch.full_like(rewards, 0.3)))
     grpo_adv = compute_advantages("grpo", make_inputs(rewards, mask, ids))
+    # OTB_EPS shift: |b| eps / sum W with |b| < 2, sum W >= 4 x 0.3: < 2e-8 (measured 1.2e-8); 1e-6 is 50x
     torch.testing.assert_close(otb_adv, grpo_adv, atol=1e-6, rtol=0)
 
 
@@ -319,6 +338,7 @@ def test_equal_w_gives_group_mean_of_reward_to_go_per_position():
     for t in range(5):
         rows = active[:, t]
         expected = G[rows, t] - (G[rows, t].mean() if rows.sum() > 1 else 0.0)
+        # OTB_EPS shift: |b| eps / sum W with |b| <~ 2, sum W >= 0.4: <~ 5e-8 (measured 1e-9); 1e-6 is 20x
         torch.testing.assert_close(adv[rows, t], expected, atol=1e-6, rtol=0)
 
 

@@ -26,6 +26,7 @@ def test_collate_pads_prompts_left_and_responses_right() -> None:
     assert batch.position_ids[0].tolist()[2:] == list(range(7))
     assert batch.responses.tolist() == [[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]]
     assert batch.response_mask[1].tolist() == [1, 1, 0, 0, 0]
+    # the same Python floats rounded to float32 on both sides: equal (allclose's default rtol 1e-5: ample)
     assert torch.allclose(batch.sampler_log_probs[0], torch.tensor([-0.1, -0.2, 0.0, 0.0, -0.3]))
     assert batch.token_rewards[0].tolist() == [0.0, 0.5, 0.0, 0.0, 1.0]
     assert batch.group_index.tolist() == [0, 1]

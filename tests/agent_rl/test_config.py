@@ -25,7 +25,7 @@ def test_overrides_are_typed_and_nested() -> None:
     cfg = build_config(
         {}, ["train.lr=1e-4", "rollout.group_size=8", "env.kwargs.difficulty=2", "model.path=null"]
     )
-    assert cfg.train.lr == pytest.approx(1e-4)
+    assert cfg.train.lr == pytest.approx(1e-4)  # parsed from "1e-4": the same double (approx: ample)
     assert cfg.rollout.group_size == 8
     assert cfg.env.kwargs == {"difficulty": 2}
     assert cfg.model.path is None

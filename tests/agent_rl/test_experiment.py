@@ -34,6 +34,7 @@ def test_summary_of_a_hand_made_run() -> None:
     ]
     out = summarize_run(rows, target=0.5, spike_factor=3.0, window_tokens=250)
     assert out["tokens_to_target"] == 300  # moving average of (0, .5, 1) first reaches 0.5 at step 3
+    # Python float means of halves and whole seconds: exact to ~1e-16; approx's default rel 1e-6
     assert out["final_success"] == pytest.approx((0.5 + 1.0 + 1.0) / 3)
     assert out["grad_spikes"] == 1 and out["steps"] == 4 and math.isnan(out["grad_variance"])
     assert out["minutes"] == pytest.approx(4.0)  # 4 steps of 45 s rollout + 15 s update

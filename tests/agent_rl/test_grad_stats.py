@@ -1,4 +1,12 @@
-"""Exact gradient statistics: per-sample gradients, variance, Spearman, and proxy == exact where it must be."""
+"""Exact gradient statistics: per-sample gradients, variance, Spearman, and proxy == exact where it must be.
+
+Tolerances. Per-sample gradients are flattened to float32 (grad_stats._flat_grad) even for the float64
+bias-only policy, so exact-vs-proxy comparisons carry float32 rounding of a 7-entry gradient that is
+squared and summed: a few ulp (2^-24 ~ 6e-8 relative); atol = rtol = 1e-6 is ~17 ulp of values <= ~1
+(measured <= 11% of that tolerance). Moments and ranks are float64 sums of <= 66 terms (~1e-14
+relative): rel 1e-9. Where no tolerance is given both sides are the same few ops, within torch's
+dtype defaults (float32: rtol 1.3e-6, atol 1e-5) and pytest.approx's rel 1e-6 (measured: equal).
+"""
 
 from __future__ import annotations
 
@@ -115,6 +123,8 @@ def test_per_sample_policy_gradients_sum_to_the_batch_gradient():
     objectives = policy_gradient_objectives(stats.log_probs, adv, mask)
     per_sample = per_sample_gradients(objectives, [bias])
     (batch,) = torch.autograd.grad(objectives.sum(), bias, retain_graph=True)
+    # 3 float32-rounded gradients summed in float32 vs one float64 gradient: ~3 ulp of entries <= ~3,
+    # i.e. <~ 5e-7 (measured 7.5e-8); 1e-5 leaves 20x and is 1e-5 of a missing row's contribution
     torch.testing.assert_close(per_sample.sum(0).double(), batch, atol=1e-5, rtol=1e-5)
     # forward-only proxy: sum_t A_t^2 w_t, hand-checked on the masked terms
     w = logit_gradient_proxy(stats.log_probs.detach(), stats.sum_pi_squared, mask)
@@ -132,6 +142,9 @@ def test_tiny_model_prefix_total_equals_sequence_gradient_norm(tiny_model_dir):
     params = list(model.parameters())
     exact = prefix_grad_sq_norms(stats.log_probs, mask, params)
     seq = torch.where(mask.bool(), stats.log_probs, torch.zeros_like(stats.log_probs)).sum(1)
+    # float32: sum of 3 per-token gradients vs autograd's own accumulation, then a squared norm over
+    # ~1e5 parameters: ~1e-6 relative even with some cancellation between tokens (measured: equal);
+    # rtol 1e-4 leaves 100x
     torch.testing.assert_close(exact.total, per_sample_grad_sq_norms(seq, params), rtol=1e-4, atol=1e-6)
     assert (exact.per_token[mask.bool()] > 0).all() and exact.per_token[~mask.bool()].eq(0).all()
 
@@ -152,6 +165,8 @@ def test_exact_gradient_diagnostics_combines_the_pieces_and_drops_invalid_rows()
     pg = per_sample_gradients(
         policy_gradient_objectives(stats.log_probs[keep], adv[keep], mask[keep]), [bias]
     )
+    # the same float32 per-sample gradients, with invalid rows dropped before vs after: ~1 ulp each
+    # (measured: equal), float64 moments; rel 1e-6 ~ 17 ulp
     assert diag.pg.variance == pytest.approx(gradient_variance(pg).variance, rel=1e-6)
     metrics = diag.metrics()
     assert set(metrics) >= {"grad/exact_pg_variance", "grad/proxy_spearman", "grad/proxy_pg_sq_norm"}

@@ -1,4 +1,13 @@
-"""Chunked log-probs / entropy / sum p^2 against a naive full softmax: values and gradients."""
+"""Chunked log-probs / entropy / sum p^2 against a naive full softmax: values and gradients.
+
+Tolerances (float32 unless stated). Chunked and naive paths compute the same logits and then reduce
+over the vocabulary in different orders and chunk shapes, so values differ by a few ulp of their
+magnitude (|log p|, entropy <= ~15 here: ulp <= 1e-6; measured max 1.9e-6), so atol 1e-5 leaves
+5x, while a wrong normaliser, temperature or target index moves them by >= 1e-2. Gradients also sum
+over chunk rows and the vocabulary (~10^2 terms: ~1e2 x 2^-24 ~ 6e-6 relative), hence rtol 1e-5, and
+1e-4 for the model's gradients, which also sum over 18 positions and two layers; atol 1e-5 for
+entries near 0 (measured max 4.3e-6 and 1.7e-6: <= 15% of the tolerance).
+"""
 
 from __future__ import annotations
 
@@ -45,17 +54,24 @@ def test_values_match_naive_softmax(chunk_size, temperature, bias):
 
 
 def test_sum_pi_squared_logsumexp_path_without_entropy_and_extreme_logits():
-    # logits in the thousands: a direct exp(2 z) would overflow even in float64 (exp(709) is the limit)
+    # logits in the thousands: a direct exp(2 z) would overflow even in float64 (exp(709) is the limit).
+    # float64 tolerance: if the 5-row and the full matmul summed the 16 products x w (each <= ~500) in
+    # different orders, z would move by <= 16 x 500 x 2^-53 ~ 1e-12 and sum p^2 by at most twice that.
+    # Measured 2e-16 (one ulp) under AVX2 and AVX-512; atol 1e-10 covers the worst case 50x and is
+    # still ~1e5 below float32 rounding. (It was 1e-12: inside the worst case.)
     hidden, weight, b, targets = make_head(scale=60.0, dtype=torch.float64)
     assert (hidden @ weight.T).abs().max() > 400
     stats = token_stats_from_hidden(hidden, weight, targets, bias=b, with_entropy=False, chunk_size=5)
     assert stats.entropy is None
     _, _, sp2 = naive_stats(hidden, weight, targets, b)
-    torch.testing.assert_close(stats.sum_pi_squared, sp2, atol=1e-12, rtol=0)
+    torch.testing.assert_close(stats.sum_pi_squared, sp2, atol=1e-10, rtol=0)
     both = token_stats_from_hidden(hidden, weight, targets, bias=b, chunk_size=5)
+    # same chunks, same kernel, same exp pass (entropy is computed after sum p^2): measured bitwise
     torch.testing.assert_close(both.sum_pi_squared, stats.sum_pi_squared, atol=1e-12, rtol=0)
     low = token_stats_from_hidden(hidden.float(), weight.float(), targets, bias=b.float(), with_entropy=False)
     assert torch.isfinite(low.sum_pi_squared).all()
+    # sum e^2 / (sum e)^2 <= 1 exactly in real arithmetic (e >= 0, max e = 1); float32 adds ~6 roundings
+    # (two sums, sqrt, two squares, a division): <= 6 x 2^-24 ~ 3.6e-7 above 1, so 1e-6 leaves ~3x
     assert ((low.sum_pi_squared > 0) & (low.sum_pi_squared <= 1 + 1e-6)).all()
 
 
@@ -96,6 +112,7 @@ def test_no_grad_path_and_detached_sum_pi_squared():
     tracked = token_stats_from_hidden(hidden, weight, targets, bias=b, chunk_size=4)
     assert not plain.log_probs.requires_grad and tracked.log_probs.requires_grad
     assert not tracked.sum_pi_squared.requires_grad
+    # same kernel, same inputs, same chunks: bitwise (grad mode only decides what is saved)
     torch.testing.assert_close(plain.log_probs, tracked.log_probs.detach(), atol=0, rtol=0)
 
 
@@ -104,6 +121,8 @@ def test_bfloat16_model_statistics_are_float32_and_close():
     stats = token_stats_from_hidden(hidden, weight, targets, bias=b, chunk_size=7)
     assert stats.log_probs.dtype == torch.float32
     lp, ent, sp2 = naive_stats(hidden, weight, targets, b)
+    # both sides upcast the same bfloat16 logits (nn.functional.linear of the same rows, a 16-term dot
+    # product), so only the float32 softmax differs: as above
     torch.testing.assert_close(stats.log_probs, lp, atol=1e-5, rtol=0)
     torch.testing.assert_close(stats.entropy, ent, atol=1e-5, rtol=0)
     torch.testing.assert_close(stats.sum_pi_squared, sp2, atol=1e-5, rtol=0)
@@ -198,6 +217,8 @@ def test_causal_lm_left_padding_matches_the_unpadded_row(tiny_model):
     attention = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 9, dtype=torch.long)], dim=1)
     alone = causal_lm_token_stats(tiny_model, ids, response_length=5)
     with_pad = causal_lm_token_stats(tiny_model, padded, attention, response_length=5)
+    # padding changes the attention matmuls' shapes (12 vs 9 keys): float32 re-association through two
+    # layers, |log p| ~ 6 (vocab 373): a few ulp ~ 1e-6 (measured 4.8e-7); atol 1e-5 as above
     torch.testing.assert_close(with_pad.log_probs, alone.log_probs, atol=1e-5, rtol=0)
     torch.testing.assert_close(with_pad.sum_pi_squared, alone.sum_pi_squared, atol=1e-5, rtol=0)
 

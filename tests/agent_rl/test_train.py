@@ -140,6 +140,8 @@ def test_training_with_the_vllm_engine_syncs_weights_in_place(tiny_model_dir: Pa
     rows = [r for r in read_metrics(tmp_path / "v") if "losses/loss" in r]
     assert len(rows) == 3
     assert all(r["grad/norm"] > 0 for r in rows)  # the entropy bonus moves the weights every step
+    # a max over every policy token of a step: 5x the contract suite's VLLM_TOLERANCE (2e-4,
+    # measured ~1e-6 per token; tests/agent_rl/rollout/conftest.py)
     for r in rows:
         assert r["policy/sampler_trainer_logp_diff"] < 1e-3, r["policy/sampler_trainer_logp_diff"]
 

@@ -62,6 +62,7 @@ def test_rank_metrics_reduce_to_the_single_process_values() -> None:
     rank1 = ({**grad, "losses/loss": -2.0}, [(0, rec(0.3, 0.25, 1.2, 8))])
     out = reduce_update_metrics([rank0, rank1])
     # step 0: loss 0.1+0.2+0.3, clipfrac token-weighted (0.5*2+0*6+0.25*8)/16, max 1.3; step 1 alone.
+    # Python float sums of a few decimal literals: ~1e-16 relative, inside isclose's default rel 1e-9.
     assert math.isclose(out["losses/loss"], (0.6 + 0.4) / 2)
     assert math.isclose(out["losses/clipfrac"], ((3.0 / 16) + 1.0) / 2)
     assert math.isclose(out["losses/ratio_max"], (1.3 + 0.9) / 2)

@@ -72,6 +72,8 @@ def test_top_p_log_probs_are_renormalised_over_the_nucleus(
             nucleus = before < top_p
             assert nucleus[tok], f"token {tok} at step {t} was sampled from outside the nucleus"
             expected = torch.log(probs[tok] / probs[nucleus].sum())
+            # the reference itself renormalises in float32 over up to 373 probabilities (<= 373 x 2^-24
+            # ~ 2e-5 in log) on top of the engine's error: 5x the engine tolerance, >= 5e-4
             assert abs(float(expected) - lp) < max(tolerance, 1e-4) * 5
 
 
