@@ -33,6 +33,8 @@ def test_warmup_lowers_the_loss(tiny_model_dir) -> None:
     model, tok = load_model_and_tokenizer(tiny_model_dir)
     ex = tokenize_conversation(tok, CONV)
     losses = run_warmup(model, [ex], steps=30, batch_size=2, lr=3e-3, pad_id=tok.pad_token_id, seed=0)
+    # measured 0.34 of the first loss (5.92 -> 2.03) under AVX2 and AVX-512 alike; 0.5 leaves room for
+    # other kernels, while a warm-up that does not learn stays near 1
     assert losses[-1] < 0.5 * losses[0]
 
 
