@@ -69,6 +69,7 @@ def test_invalid_rows_and_uniform_groups_give_no_update(model) -> None:
     batch = make_batch([1, 1, 0, 0, 5], [0, 0, 1, 1, 2], valid=[True, True, True, True, False])
     scored, _ = learner.step(batch)
     assert torch.all(scored.advantages[4] == 0)
+    # exact: equal rewards give A = R - mean = 0 exactly, so every gradient is 0 and AdamW (weight_decay 0) moves nothing
     assert torch.equal(before, params(model))
 
 
@@ -120,7 +121,7 @@ def test_checkpoint_restores_learner_and_rngs(model, tmp_path) -> None:
     assert ckpt is not None and ckpt.name == "step_000003"
     rest = load_checkpoint(ckpt, learner=learner)
     assert rest["step"] == 3 and rest["data"] == {"task_cursor": 24}
-    assert torch.equal(saved, params(model))
+    assert torch.equal(saved, params(model))  # exact: restoring copies the saved tensors
     assert random.random() == expected_rand and torch.equal(torch.rand(3), expected_torch)
 
 
