@@ -69,7 +69,8 @@ def test_invalid_rows_and_uniform_groups_give_no_update(model) -> None:
     batch = make_batch([1, 1, 0, 0, 5], [0, 0, 1, 1, 2], valid=[True, True, True, True, False])
     scored, _ = learner.step(batch)
     assert torch.all(scored.advantages[4] == 0)
-    # exact: equal rewards give A = R - mean = 0 exactly, so every gradient is 0 and AdamW (weight_decay 0) moves nothing
+    # exact: equal rewards give A = R - mean = 0 exactly, so every gradient is 0 and AdamW
+    # (weight_decay 0) moves nothing
     assert torch.equal(before, params(model))
 
 
