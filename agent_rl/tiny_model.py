@@ -170,15 +170,3 @@ def ensure_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec()
     if not marker.exists() or json.loads(marker.read_text()) != asdict(spec):
         build_tiny_model(out, spec)
     return out
-
-
-def load_model_and_tokenizer(path: str | Path, dtype: str = "float32", device: str = "cpu"):
-    """Load any causal LM directory (tiny or from a hub snapshot) the same way."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer

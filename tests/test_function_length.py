@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 60
-KNOWN = {"agent_rl/rollout/hf_engine.py:HFEngine._generate": 69}
+KNOWN: dict[str, int] = {}
 """Over the limit today and owned by another change in flight; listed with its length so it cannot grow.
 Remove the entry once the function is split."""
 

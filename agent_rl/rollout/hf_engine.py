@@ -169,32 +169,35 @@ class HFEngine:
         finally:
             self.model.train(was_training)
 
-    @torch.no_grad()
-    def _generate(self, prompts: Sequence[Sequence[int]], plist: list[SamplingParams]) -> list[Completion]:
-        batch = len(prompts)
+    def _left_padded(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids, attention_mask), both (B, W): left padding puts every row's next token at -1."""
         width = max(len(p) for p in prompts)
-        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((batch, width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):  # left padding: every row's next token is at column -1
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
             input_ids[i, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
             attention[i, width - len(prompt) :] = 1
-        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        return input_ids.to(self.device), attention.to(self.device)
+
+    def _forward(self, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: Any):
+        """Last-position logits (B, V) in float32; the KV cache grows in place."""
+        out = self.model(
+            input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True
+        )
+        return out.logits[:, -1, :].float()
+
+    @torch.no_grad()
+    def _generate(self, prompts: Sequence[Sequence[int]], plist: list[SamplingParams]) -> list[Completion]:
+        from transformers import DynamicCache
+
+        batch = len(prompts)
+        input_ids, attention = self._left_padded(prompts)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, W)
         temperature = torch.tensor([p.temperature for p in plist], dtype=torch.float32, device=self.device)
         top_p = torch.tensor([p.top_p for p in plist], dtype=torch.float32, device=self.device)
         gens = self._row_generators(plist)
-
-        from transformers import DynamicCache
-
         cache = DynamicCache()
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        logits = out.logits[:, -1, :].float()  # (B, V)
+        logits = self._forward(input_ids, attention, positions, cache)  # (B, V)
         next_pos = positions[:, -1] + 1  # (B,)
 
         ids: list[list[int]] = [[] for _ in range(batch)]
@@ -217,24 +220,10 @@ class HFEngine:
             if not any(active):
                 break
             step_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]  # (B, 1)
-            attention = torch.cat(
-                [attention, torch.ones((batch, 1), dtype=torch.long, device=self.device)], dim=1
-            )
-            out = self.model(
-                input_ids=step_ids,
-                attention_mask=attention,
-                position_ids=next_pos[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            )
-            logits = out.logits[:, -1, :].float()
+            attention = torch.cat([attention, attention.new_ones((batch, 1))], dim=1)
+            logits = self._forward(step_ids, attention, next_pos[:, None], cache)
             next_pos = next_pos + 1
         return [
-            Completion(
-                token_ids=ids[i],
-                log_probs=lps[i],
-                finish_reason=finish[i] or "length",
-                stop_reason=stop_reason[i],
-            )
+            Completion(ids[i], lps[i], finish_reason=finish[i] or "length", stop_reason=stop_reason[i])
             for i in range(batch)
         ]

@@ -28,9 +28,14 @@ def _digits(rng: random.Random, n: int) -> int:
 
 
 def multiply(rng: random.Random, d: int) -> tuple[str, int, str]:
-    # 3 digits at d=0: still far beyond mental arithmetic for a small model, yet short enough that
-    # a 2-layer model learns to copy operands and results in a CPU warm-up.
-    a, b = _digits(rng, 3 + 3 * d), _digits(rng, 3 + 3 * d)
+    # n = 3 digits at d=0: far beyond mental arithmetic for a small model, yet short enough that a
+    # 2-layer model learns to copy operands and results in a CPU warm-up. The product always has
+    # exactly 2n digits: with 5- and 6-digit results mixed, where the first digit of a tool's
+    # output sits relative to the answer was ambiguous, and a tiny model learned to copy it only
+    # for some seeds and CPU kernel paths (greedy success 0.52 vs 0.97 for seed 3 on AVX2).
+    n = 3 + 3 * d
+    a = rng.randint(math.isqrt(10 ** (2 * n - 1)) + 1, 10**n - 1)
+    b = rng.randint(-(-(10 ** (2 * n - 1)) // a), 10**n - 1)  # ceil(10^(2n-1) / a)
     return f"Compute {a} * {b}.", a * b, f"print({a} * {b})"
 
 

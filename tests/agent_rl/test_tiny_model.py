@@ -7,8 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from agent_rl.build import load_model_and_tokenizer  # noqa: E402
 from agent_rl.cli import main as cli_main  # noqa: E402
-from agent_rl.tiny_model import TinyModelSpec, build_tokenizer, load_model_and_tokenizer  # noqa: E402
+from agent_rl.tiny_model import TinyModelSpec, build_tokenizer  # noqa: E402
 
 
 def test_loads_through_auto_classes_and_generates(tiny_model_dir: Path) -> None:

@@ -36,6 +36,17 @@ def test_difficulty_zero_prompts_are_short() -> None:
     assert GeneratedTasks(families=("multiply",), difficulty=3)[0].problem != tasks[0].problem
 
 
+@pytest.mark.parametrize("difficulty", [0, 1, 2])
+def test_products_have_a_fixed_number_of_digits(difficulty: int) -> None:
+    """n-digit factors, always a 2n-digit product: the answer's length never varies within a level."""
+    n = 3 + 3 * difficulty
+    tasks = GeneratedTasks(families=("multiply",), difficulty=difficulty, seed=3)
+    for i in range(500):
+        a, b = map(int, tasks[i].problem.removeprefix("Compute ").removesuffix(".").split(" * "))
+        assert len(str(a)) == len(str(b)) == n
+        assert len(tasks[i].answer) == 2 * n and int(tasks[i].answer) == a * b
+
+
 def test_bad_generator_settings_are_rejected() -> None:
     with pytest.raises(ValueError, match="choose from"):
         GeneratedTasks(families=("nope",))
