@@ -145,14 +145,13 @@ class PooledSandbox:
             raise SandboxUnavailable("the sandbox is closed")
         core = SessionCore(lambda: self.pool.acquire(limits), self.pool.release, limits)
         core.ensure_worker()  # fail now (SandboxUnavailable) rather than at the first run
-        if self.closed:  # closed while the worker started: nothing would ever close this one
-            core.close()
-            raise SandboxUnavailable("the sandbox is closed")
-        sid = uuid.uuid4().hex
-        s = Session(self, core, sid)
+        s = Session(self, core, uuid.uuid4().hex)
         with self._lock:
-            self._sessions[sid] = s
-        return s
+            if not self.closed:  # else closed while the worker started: close() did not see it
+                self._sessions[s.id] = s
+                return s
+        core.close()
+        raise SandboxUnavailable("the sandbox is closed")
 
     def get_session(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
