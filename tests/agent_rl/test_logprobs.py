@@ -2,11 +2,11 @@
 
 Tolerances (float32 unless stated). Chunked and naive paths compute the same logits and then reduce
 over the vocabulary in different orders and chunk shapes, so values differ by a few ulp of their
-magnitude (|log p|, entropy <= ~15 here: ulp <= 1e-6; measured max 1.9e-6), so atol 1e-5 leaves
-5x, while a wrong normaliser, temperature or target index moves them by >= 1e-2. Gradients also sum
-over chunk rows and the vocabulary (~10^2 terms: ~1e2 x 2^-24 ~ 6e-6 relative), hence rtol 1e-5, and
-1e-4 for the model's gradients, which also sum over 18 positions and two layers; atol 1e-5 for
-entries near 0 (measured max 4.3e-6 and 1.7e-6: <= 15% of the tolerance).
+magnitude (|log p|, entropy <= ~15 here: ulp <= 1e-6; measured max 1.9e-6 under AVX2 and AVX-512),
+so atol 1e-5 leaves 5x, while a wrong normaliser, temperature or target index moves them by >= 1e-2.
+Gradients also sum over chunk rows and the vocabulary (~10^2 terms: ~1e2 x 2^-24 ~ 6e-6 relative),
+hence rtol 1e-5, and 1e-4 for the model's gradients, which also sum over 18 positions and two layers;
+atol 1e-5 for entries near 0 (measured max 4.8e-6 and 1.7e-6: <= 15% of the tolerance, both paths).
 """
 
 from __future__ import annotations
