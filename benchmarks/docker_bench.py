@@ -32,9 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sandbox import LocalSandbox  # noqa: E402
-from sandbox.client import Client  # noqa: E402
-from sandbox.docker_backend import DockerSandbox  # noqa: E402
+from sandbox import Client, DockerSandbox, LocalSandbox  # noqa: E402
 
 IMAGE = os.environ.get("AGENT_RL_SANDBOX_IMAGE", "agent-rl/sandbox:latest")
 EXEC_CODE = "x = x + 1 if 'x' in globals() else 0\nx"
