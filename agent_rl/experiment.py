@@ -123,18 +123,33 @@ def heldout_success(cfg: Config, tasks: int, *, final: bool = True) -> float:
 
 
 def warm_up_once(exp: ExperimentConfig, out: Path) -> Path:
-    """The shared starting policy: the base config's supervised warm-up, saved as a model folder."""
-    from agent_rl.train import Trainer
+    """The shared starting policy: the base config's supervised warm-up, saved as a model folder.
+
+    Built from agent_rl.build like the trainer's parts, without a Trainer (no optimiser, engine,
+    reference model or logger)."""
+    from agent_rl import build
+    from agent_rl.warmup import warm_up
 
     target = out / "warm_model"
     if (target / "config.json").exists():
         return target
     cfg = build_config(exp.base, [f"run.out_dir={out}", "run.name=warmup", "run.progress=false"])
-    trainer = Trainer(cfg)
-    if cfg.train.warmup.steps:
-        trainer.warmup()
-    trainer.model.save_pretrained(target)
-    trainer.tokenizer.save_pretrained(target)
+    tasks = build.task_splits(cfg)
+    build.check_splits(cfg, tasks, warmup=True)
+    build.set_cpu_threads(cfg.model.cpu_threads)
+    build.seed_everything(cfg.train.seed)
+    path = build.resolve_model_path(cfg)
+    model, tokenizer = build.load_model_and_tokenizer(path, cfg.model.dtype, cfg.model.device)
+    w = cfg.train.warmup
+    if w.steps:
+        sandbox = build.make_sandbox(cfg.sandbox)
+        try:
+            make_env = build.env_factory(cfg, sandbox)
+            warm_up(model, tokenizer, make_env, tasks.indices("demo", w.demos), w, cfg.train.seed)
+        finally:
+            sandbox.close()
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
     return target
 
 

@@ -138,33 +138,12 @@ class Trainer:
 
     # -- phases --------------------------------------------------------------------------------
     def warmup(self) -> list[float]:
-        """Supervised steps on scripted demonstrations played through the real environment."""
-        from agent_rl.warmup import run_warmup, tokenize_conversation
-        from envs import demonstration
-        from envs.demos import hallucinated_demonstration
+        """Supervised steps on scripted demonstrations from the task source's demo split."""
+        from agent_rl.warmup import warm_up
 
         w = self.cfg.train.warmup
-        env = self.make_env()
-        try:
-            # Demonstrations come from the task source's demo split, disjoint from training and eval
-            # tasks; a `hallucinate_fraction` of them, spread evenly, make the tool's output up.
-            examples = []
-            for k, i in enumerate(self.tasks.indices("demo", w.demos)):
-                made_up = int((k + 1) * w.hallucinate_fraction) > int(k * w.hallucinate_fraction)
-                episode = (hallucinated_demonstration if made_up else demonstration)(env, i)
-                examples.append(tokenize_conversation(self.tokenizer, episode.messages))
-        finally:
-            env.close()
-        losses = run_warmup(
-            self.model,
-            examples,
-            steps=w.steps,
-            batch_size=w.batch_size,
-            lr=w.lr,
-            pad_id=self.tokenizer.pad_token_id,
-            seed=self.cfg.train.seed,
-            lr_schedule=w.lr_schedule,
-        )
+        demos = self.tasks.indices("demo", w.demos)
+        losses = warm_up(self.model, self.tokenizer, self.make_env, demos, w, self.cfg.train.seed)
         if not isinstance(self.learner, Learner):
             self.learner.load_weights(self.model.state_dict())  # the ranks start RL from the warm-up
         self.publish_weights()

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from agent_rl.config import WarmupConfig
 
 Message = dict[str, str]
 
@@ -115,3 +118,47 @@ def run_warmup(
         if on_step is not None:
             on_step(step, losses[-1])
     return losses
+
+
+def play_demonstrations(
+    tokenizer: Any, make_env: Callable[[], Any], task_indices: Iterable[int], hallucinate_fraction: float
+) -> list[Example]:
+    """Scripted episodes played through a real env (real tool output), tokenised for the warm-up.
+
+    A `hallucinate_fraction` of them, spread evenly, make the tool's output up instead of waiting
+    for it (envs.demos.hallucinated_demonstration): deliberately imperfect teaching for RL to fix.
+    """
+    from envs.demos import demonstration, hallucinated_demonstration
+
+    env = make_env()
+    try:
+        examples = []
+        for k, i in enumerate(task_indices):
+            made_up = int((k + 1) * hallucinate_fraction) > int(k * hallucinate_fraction)
+            episode = (hallucinated_demonstration if made_up else demonstration)(env, i)
+            examples.append(tokenize_conversation(tokenizer, episode.messages))
+        return examples
+    finally:
+        env.close()
+
+
+def warm_up(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    make_env: Callable[[], Any],
+    task_indices: Iterable[int],
+    config: WarmupConfig,
+    seed: int,
+) -> list[float]:
+    """The whole warm-up from its config: play the demonstrations, then train on them."""
+    examples = play_demonstrations(tokenizer, make_env, task_indices, config.hallucinate_fraction)
+    return run_warmup(
+        model,
+        examples,
+        steps=config.steps,
+        batch_size=config.batch_size,
+        lr=config.lr,
+        pad_id=tokenizer.pad_token_id,
+        seed=seed,
+        lr_schedule=config.lr_schedule,
+    )
