@@ -24,6 +24,7 @@ def _matrix():
     spec = importlib.util.spec_from_file_location("quickstart_matrix", REPO / "scripts" / "quickstart_matrix.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

@@ -67,6 +67,11 @@ class CollectorConfig:
     log-probs and metrics in every process (batched float arithmetic depends on who shares the
     batch). The cost is that the engine waits for the slowest tool call of a turn; False batches
     by arrival with the adaptive wait below (throughput first, reproducible only up to float noise)."""
+    lockstep_stall_s: float = 10.0
+    """With deterministic=True: if no episode arrives or finishes for this long, some episode is
+    waiting on something other than the engine (e.g. a sandbox slot held by an episode that is
+    itself waiting for the batch), and lock-step would deadlock; the rest of this collect() then
+    batches by arrival, and `perf/lockstep_stalls` counts it."""
     batch_wait_s: float | None = None
     """With deterministic=False: how long a generation call may wait for episodes still in an env
     step to join it. None = adaptive: a quarter of the recent engine-call time (50 ms before the
@@ -104,6 +109,8 @@ class CollectStats:
     """Sum over episodes of time inside env calls (overlapping episodes add up)."""
     env_busy_s: float = 0.0
     """Wall time during which at least one env call ran."""
+    lockstep_stalls: int = 0
+    """collect() calls whose lock-step batching stalled and fell back to arrival order."""
     bookkeeping_s: float = 0.0
     """Time in the collector's own token work: prompts, chat deltas, decoding, checks."""
 
@@ -117,6 +124,7 @@ class CollectStats:
             "perf/policy_tokens_per_s": self.policy_tokens / self.wall_s if self.wall_s else 0.0,
             "perf/env_busy_frac": self.env_busy_s / self.wall_s if self.wall_s else 0.0,
             "perf/bookkeeping_s": self.bookkeeping_s,
+            "perf/lockstep_stalls": self.lockstep_stalls,
         }
 
 
@@ -147,6 +155,7 @@ class _Batcher:
         self._wake = asyncio.Event()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._recent_call_s: float | None = None
+        self._stalled = False
 
     def _wait_budget(self) -> float:
         if self.config.batch_wait_s is not None:
@@ -163,10 +172,22 @@ class _Batcher:
 
     async def _gather(self, loop: asyncio.AbstractEventLoop) -> None:
         """Let episodes still in an env step join the next engine call."""
-        if self.config.deterministic:
+        if self.config.deterministic and not self._stalled:
             while len(self._pending) < self._live():
                 self._wake.clear()
-                await self._wake.wait()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.config.lockstep_stall_s)
+                except asyncio.TimeoutError:
+                    self._stalled = True
+                    self.stats.lockstep_stalls += 1
+                    log.warning(
+                        "lock-step batching stalled for %.0f s (%d of %d episodes waiting for the "
+                        "engine); batching by arrival for the rest of this collect",
+                        self.config.lockstep_stall_s,
+                        len(self._pending),
+                        self._live(),
+                    )
+                    return
             # Arrival order depends on timing; the (seed, prompt) order does not. Seeds are
             # per (call, group, sample, turn), and rows that tie on both are identical anyway.
             self._pending.sort(key=lambda b: (-1 if b[1].seed is None else b[1].seed, b[0]))

@@ -336,3 +336,25 @@ def test_deterministic_batching_does_not_depend_on_env_timing(
     assert len(calls_a) == 3 and [len(c) for c in calls_a] == [6, 6, 6]  # lock-step turns
     assert calls_a == calls_b
     assert trajs_a == trajs_b
+
+
+def test_lockstep_falls_back_instead_of_deadlocking_on_a_held_resource(tokenizer: Any) -> None:
+    """One sandbox slot for two episodes: the second waits in reset for a slot the first holds
+    until it ends, and the first waits for a batch that lock-step would hold for the second."""
+    import threading
+
+    slot = threading.Semaphore(1)
+
+    class OneSlotEnv(ScriptedToolEnv):
+        def reset(self, *, seed=None, options=None):
+            slot.acquire()
+            return super().reset(seed=seed, options=options)
+
+        def close(self) -> None:
+            slot.release()
+
+    config = CollectorConfig(max_turns=3, lockstep_stall_s=0.5)
+    collector = Collector(scripted(tokenizer), tokenizer, lambda: OneSlotEnv(episode_turns=2), config)
+    trajs = collector.collect([1], group_size=2)
+    assert [t.infra_error for t in trajs] == [None, None] and all(t.num_turns == 2 for t in trajs)
+    assert collector.last_stats.lockstep_stalls == 1
