@@ -36,7 +36,12 @@ def box() -> LocalSandbox:
     yield b
     b.close()
     os.environ.pop("AGENT_RL_TEST_SECRET", None)
-    time.sleep(0.2)
+    # A killed worker's bwrap monitor exits only once the kernel has torn its namespaces down,
+    # which took over 0.2 s on a loaded CI machine (a leftover pid failed the suite once): wait
+    # for it, boundedly, before calling anything left over a leak.
+    deadline = time.monotonic() + 10
+    while set(children()) - before_children and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert settled_zombies() == []
     assert set(children()) - before_children == set()
     assert set(Path("/tmp").glob("agent-rl-sandbox-w*")) - before_dirs == set()
