@@ -134,12 +134,18 @@ def play_demonstrations(
     try:
         examples = []
         for k, i in enumerate(task_indices):
-            made_up = int((k + 1) * hallucinate_fraction) > int(k * hallucinate_fraction)
-            episode = (hallucinated_demonstration if made_up else demonstration)(env, i)
+            play = hallucinated_demonstration if is_flawed(k, hallucinate_fraction) else demonstration
+            episode = play(env, i)
             examples.append(tokenize_conversation(tokenizer, episode.messages))
         return examples
     finally:
         env.close()
+
+
+def is_flawed(k: int, fraction: float) -> bool:
+    """Whether demonstration k is a flawed one: exactly round(n * fraction) of any first n, spread
+    evenly (no run of flawed ones longer than needed), so any prefix of the demos has the mix."""
+    return int((k + 1) * fraction) > int(k * fraction)
 
 
 def warm_up(

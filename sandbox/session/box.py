@@ -79,9 +79,7 @@ class Session:
         **limits: Any,
     ) -> ExecResult:
         """Run one cell. ``files`` maps workspace paths to base64 content written before it runs."""
-        if not isinstance(code, str):
-            raise TypeError(f"code must be a str, got {type(code).__name__}")
-        lim = exec_limits(self.core.limits, self.sandbox.max_limits, timeout_s, limits)
+        lim = self._cell_limits(code, timeout_s, limits)
         return self.core.run(code, lim, want_value=want_value, stdin=stdin, files=files)
 
     async def run_async(
@@ -95,10 +93,14 @@ class Session:
         **limits: Any,
     ) -> ExecResult:
         """``run`` for asyncio callers: waits on the event loop, not a thread, when it can."""
+        lim = self._cell_limits(code, timeout_s, limits)
+        return await self.core.run_async(code, lim, want_value=want_value, stdin=stdin, files=files)
+
+    def _cell_limits(self, code: object, timeout_s: float | None, limits: dict[str, Any]) -> Limits:
+        """The limits of one cell (session limits, overrides capped by the sandbox's maxima)."""
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
-        lim = exec_limits(self.core.limits, self.sandbox.max_limits, timeout_s, limits)
-        return await self.core.run_async(code, lim, want_value=want_value, stdin=stdin, files=files)
+        return exec_limits(self.core.limits, self.sandbox.max_limits, timeout_s, limits)
 
     def close(self) -> None:
         self.core.close()

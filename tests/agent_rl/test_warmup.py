@@ -66,3 +66,14 @@ def test_lr_schedule_linear_anneals_to_zero(tiny_model_dir, schedule: str) -> No
         assert rates == [pytest.approx(1e-3)] * 10
     with pytest.raises(ValueError, match="lr_schedule"):
         run_warmup(model, [ex], steps=1, batch_size=1, lr=1e-3, pad_id=0, seed=0, lr_schedule="cosine")
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 0.6, 0.99])
+def test_flawed_demonstrations_are_the_fraction_spread_evenly(fraction: float) -> None:
+    from agent_rl.warmup import is_flawed
+
+    flags = [is_flawed(k, fraction) for k in range(1000)]
+    for n in (10, 100, 1000):  # every prefix holds the fraction to within one demonstration
+        assert abs(sum(flags[:n]) - n * fraction) < 1
+    longest_run = max((len(r) for r in "".join("x" if f else " " for f in flags).split()), default=0)
+    assert longest_run <= (1 if fraction <= 0.5 else int(1 / (1 - fraction)) + 1)
