@@ -288,6 +288,10 @@ class PooledSandbox:
         self.close()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+        # try/except, not contextlib: at interpreter exit module globals may already be None
+        # (CI printed "'NoneType' object has no attribute 'suppress'" from here).
+        try:
             if not self.closed:
                 self.close()
+        except Exception:
+            pass
