@@ -121,7 +121,11 @@ def run_warmup(
 
 
 def play_demonstrations(
-    tokenizer: Any, make_env: Callable[[], Any], task_indices: Iterable[int], hallucinate_fraction: float
+    tokenizer: Any,
+    make_env: Callable[[], Any],
+    task_indices: Iterable[int],
+    hallucinate_fraction: float,
+    on_demo: Callable[[], None] | None = None,
 ) -> list[Example]:
     """Scripted episodes played through a real env (real tool output), tokenised for the warm-up.
 
@@ -137,6 +141,8 @@ def play_demonstrations(
             play = hallucinated_demonstration if is_flawed(k, hallucinate_fraction) else demonstration
             episode = play(env, i)
             examples.append(tokenize_conversation(tokenizer, episode.messages))
+            if on_demo is not None:
+                on_demo()
         return examples
     finally:
         env.close()
@@ -155,9 +161,17 @@ def warm_up(
     task_indices: Iterable[int],
     config: WarmupConfig,
     seed: int,
+    *,
+    on_demo: Callable[[], None] | None = None,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
-    """The whole warm-up from its config: play the demonstrations, then train on them."""
-    examples = play_demonstrations(tokenizer, make_env, task_indices, config.hallucinate_fraction)
+    """The whole warm-up from its config: play the demonstrations, then train on them.
+
+    `on_demo` is called after each demonstration is played, `on_step(step, loss)` after each
+    update (progress bars, the warm-up's loss log)."""
+    examples = play_demonstrations(
+        tokenizer, make_env, task_indices, config.hallucinate_fraction, on_demo=on_demo
+    )
     return run_warmup(
         model,
         examples,
@@ -167,4 +181,5 @@ def warm_up(
         pad_id=tokenizer.pad_token_id,
         seed=seed,
         lr_schedule=config.lr_schedule,
+        on_step=on_step,
     )

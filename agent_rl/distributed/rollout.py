@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -369,16 +369,20 @@ class RayCollector:
         *,
         seed: int | None = None,
         on_submitted: Any = None,
+        on_episode: Callable[[], None] | None = None,
     ) -> list[Trajectory]:
         """B tasks x `group_size` samples, in the in-process collector's order and with its seeds.
 
-        `on_submitted` (tests, tooling) is called once every shard is on its way to a worker.
+        `on_submitted` (tests, tooling) is called once every shard is on its way to a worker;
+        `on_episode` once per episode when the shards are back (progress bars).
         """
         call_seed = self.config.seed + self._calls if seed is None else seed
         self._calls += 1
         trajectories, self.last_stats = self.rollout.collect(
             self.key, self.config, list(tasks), group_size, call_seed, on_submitted=on_submitted
         )
+        for _ in trajectories if on_episode is not None else ():
+            on_episode()
         return trajectories
 
 

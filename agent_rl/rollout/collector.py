@@ -291,16 +291,19 @@ class Collector:
         *,
         seed: int | None = None,
         group_ids: Sequence[int] | None = None,
+        on_episode: Callable[[], None] | None = None,
     ) -> list[Trajectory]:
         """B tasks x `group_size` samples, grouped: trajectories[g * N + s] is sample s of task g.
 
         `seed` fixes every engine seed of this call (pass the training step for reproducible runs);
         None uses config.seed + the number of earlier calls. `group_ids` numbers the tasks' groups
         (default 0..B-1); a shard of a larger batch passes its groups' numbers in that batch, since
-        turn seeds and trajectory ids derive from them. From inside an event loop, await
-        `collect_async` instead.
+        turn seeds and trajectory ids derive from them. `on_episode` is called as each episode ends
+        (progress bars). From inside an event loop, await `collect_async` instead.
         """
-        return asyncio.run(self.collect_async(tasks, group_size, seed=seed, group_ids=group_ids))
+        return asyncio.run(
+            self.collect_async(tasks, group_size, seed=seed, group_ids=group_ids, on_episode=on_episode)
+        )
 
     async def collect_async(
         self,
@@ -309,6 +312,7 @@ class Collector:
         *,
         seed: int | None = None,
         group_ids: Sequence[int] | None = None,
+        on_episode: Callable[[], None] | None = None,
     ) -> list[Trajectory]:
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -334,6 +338,8 @@ class Collector:
             finally:
                 live[0] -= 1
                 batcher._wake.set()  # fewer live episodes may complete a waiting batch
+                if on_episode is not None:
+                    on_episode()
 
         try:
             episodes = [one(g, s, task) for g, task in zip(groups, tasks) for s in range(group_size)]
