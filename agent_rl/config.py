@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -46,6 +46,9 @@ class SandboxConfig(Section):
     (the Client round-robins sessions over them; a session stays on its replica)."""
     token_env: str = "AGENT_RL_SANDBOX_TOKEN"
     """Environment variable that holds the bearer token for backend=http."""
+    session_wait_s: float = Field(600.0, ge=0)
+    """backend=http: how long an episode waits for a free session while the server holds its
+    `max_sessions` (answers 429), before the episode fails as an infrastructure error."""
 
     @model_validator(mode="after")
     def _url_for_http(self) -> SandboxConfig:
@@ -92,7 +95,39 @@ class AlgoConfig(Section):
     """Advantage estimator by registry name: otb, tir_otb, grpo, rloo, opo, reinforce, exact_optimal."""
     estimator_options: dict[str, Any] = Field(default_factory=dict)
     clip_eps: float = Field(0.2, gt=0)
-    """PPO clip range epsilon."""
+    """PPO clip range epsilon (the lower one, and the upper one unless clip_eps_high is set)."""
+    clip_eps_high: float | None = Field(None, gt=0)
+    """DAPO's clip-higher: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high], so unlikely
+    tokens with A > 0 can grow further (DAPO uses 0.28 with clip_eps 0.2). None = clip_eps (symmetric)."""
+    is_correction: Literal["auto", "off", "token", "geometric", "sequence"] = "auto"
+    """Off-policy correction between sampler and trainer log-probs (docs/offpolicy.md): token =
+    w_t = min(rho_t, is_cap) with rho_t = p_trainer / p_sampler; geometric / sequence = the same,
+    and sequences whose geometric-mean / product ratio leaves is_band get weight 0. auto = off with
+    rollout.engine hf (the sampler is the trainer's own model), token with vllm; resolved when the
+    config is validated. The weights scale each token's PPO term and, squared, OTB's proxy."""
+    is_cap: float = Field(2.0, ge=1)
+    """C: truncation level of the per-token importance ratio."""
+    is_band: tuple[float, float] | None = None
+    """[lo, hi] for the sequence modes; None = [0.99, 1.01] (geometric) or [0.5, 2.0] (sequence)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop groups whose valid members all got the same reward (no signal
+    under a group baseline) and collect more prompts until prompts_per_step informative groups
+    are found or dynamic_sampling_max_rounds collections were made (then the step trains on what
+    it has). Off = every group is kept (today's behaviour)."""
+    dynamic_sampling_max_rounds: int = Field(3, ge=1)
+    """Cap on collections per step with dynamic_sampling (the first one included)."""
+    overlong: Literal["keep", "filter", "penalty"] = "keep"
+    """Episodes cut by a budget (max_turns, max_total_tokens, the env's limit): keep = train on them
+    as they are; filter = their tokens get no loss term (they still count in the group's baseline);
+    penalty = overlong_penalty is subtracted from their reward (DAPO's soft overlong punishment,
+    with a linear ramp over the last overlong_buffer tokens of rollout.max_total_tokens)."""
+    overlong_penalty: float = Field(1.0, ge=0)
+    """Reward subtracted from a truncated episode (and the ramp's full value) with overlong=penalty."""
+    overlong_buffer: int = Field(0, ge=0)
+    """Tokens before rollout.max_total_tokens over which the penalty ramps 0 -> overlong_penalty,
+    whether or not the episode was cut (0 = no ramp, only truncated episodes are penalised)."""
+    overlong_max_tokens: int | None = Field(None, ge=1)
+    """The length budget the ramp ends at; None = rollout.max_total_tokens (filled in on validation)."""
     dual_clip: float | None = None
     """Dual-clip constant c > 1 (None disables)."""
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
@@ -104,6 +139,19 @@ class AlgoConfig(Section):
     """Optimiser steps per rollout batch (per epoch)."""
     micro_batch_size: int = Field(16, ge=1)
     """Sequences per forward/backward; gradients accumulate over a minibatch."""
+
+    @field_validator("is_correction", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        """YAML reads a bare `off` as False; it means the mode 'off'."""
+        return "off" if value is False else value
+
+    @model_validator(mode="after")
+    def _is_band_brackets_one(self) -> AlgoConfig:
+        band = self.is_band
+        if band is not None and not (0.0 <= band[0] < 1.0 < band[1]):
+            raise ValueError(f"is_band must be [lo, hi] with 0 <= lo < 1 < hi (e.g. [0.5, 2.0]); got {list(band)}")
+        return self
 
 
 class WarmupConfig(Section):
@@ -182,6 +230,13 @@ class RunConfig(Section):
     resume: bool = True
     """Resume from the newest checkpoint in runs/<name> if one exists."""
     progress: bool = True
+    """Progress bars with an ETA for the warm-up, the evaluations and the RL steps."""
+    wandb: bool = False
+    """Log every metric to Weights & Biases too (`pip install wandb`), besides JSONL and TensorBoard."""
+    wandb_project: str = "agent-rl"
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """offline writes the W&B run under runs/<name>/wandb for `wandb sync` later; online uploads
+    as it goes (needs `wandb login`)."""
 
 
 class Config(Section):
@@ -193,6 +248,20 @@ class Config(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _resolve_engine_defaults(self) -> Config:
+        """is_correction 'auto' and the overlong ramp's budget depend on the rollout section."""
+        if self.algo.is_correction == "auto":
+            self.algo.is_correction = "token" if self.rollout.engine == "vllm" else "off"
+        if self.algo.overlong_max_tokens is None:
+            self.algo.overlong_max_tokens = self.rollout.max_total_tokens
+        if self.algo.overlong_buffer >= self.algo.overlong_max_tokens:
+            raise ValueError(
+                f"algo.overlong_buffer={self.algo.overlong_buffer} must be below the length budget "
+                f"{self.algo.overlong_max_tokens} (rollout.max_total_tokens); lower it or set 0 for no ramp"
+            )
+        return self
 
     @model_validator(mode="after")
     def _a_group_per_rank(self) -> Config:

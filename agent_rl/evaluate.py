@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +32,12 @@ def heldout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     }
 
 
-def evaluate_greedy(collector: Any, splits: TaskSplits, n: int) -> dict[str, float]:
+def evaluate_greedy(
+    collector: Any, splits: TaskSplits, n: int, on_episode: Callable[[], None] | None = None
+) -> dict[str, float]:
     """The first `n` tasks of the eval split, one sample each with the collector's (greedy) sampling."""
-    return heldout_metrics(collector.collect(splits.reset_options("eval", n), group_size=1, seed=0))
+    tasks = splits.reset_options("eval", n)
+    return heldout_metrics(collector.collect(tasks, group_size=1, seed=0, on_episode=on_episode))
 
 
 def evaluate_policy(cfg: Config, n: int, checkpoint: Path | None = None) -> dict[str, float]:

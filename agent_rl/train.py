@@ -27,7 +27,8 @@ from agent_rl.checkpoint import load_latest_checkpoint, save_checkpoint
 from agent_rl.config import Config, ConfigError, dump_config, load_config
 from agent_rl.evaluate import evaluate_greedy
 from agent_rl.learner import Learner
-from agent_rl.metrics import MetricsLogger, write_plots
+from agent_rl.metrics import MetricsLogger, WandbSink, write_plots
+from agent_rl.progress import RunProgress
 from agent_rl.rollout.trajectory import Trajectory, TrajectoryWriter
 
 if TYPE_CHECKING:
@@ -66,7 +67,8 @@ class Trainer:
         self.eval_collector: Collector | RayCollector
         self._make_rollout()
         self.writer = TrajectoryWriter(self.run_dir, tokenizer_path=str(self.model_path))
-        self.logger = MetricsLogger(self.run_dir)
+        self.logger = MetricsLogger(self.run_dir, wandb=_wandb_sink(cfg))
+        self.progress = RunProgress(cfg.run.progress)
         self.step = 0
         self.task_cursor = 0
         self.tokens_total = 0
@@ -143,18 +145,31 @@ class Trainer:
 
         w = self.cfg.train.warmup
         demos = self.tasks.indices("demo", w.demos)
-        losses = warm_up(self.model, self.tokenizer, self.make_env, demos, w, self.cfg.train.seed)
+        with (
+            self.progress.phase("warm-up demonstrations", len(demos)) as played,
+            self.progress.phase("warm-up updates", w.steps) as updated,
+        ):
+
+            def on_step(step: int, loss: float) -> None:
+                self.logger.log_warmup(step, loss)
+                updated(note=f"loss {loss:.3f}")
+
+            seed = self.cfg.train.seed
+            losses = warm_up(
+                self.model, self.tokenizer, self.make_env, demos, w, seed, on_demo=played, on_step=on_step
+            )
         if not isinstance(self.learner, Learner):
             self.learner.load_weights(self.model.state_dict())  # the ranks start RL from the warm-up
         self.publish_weights()
         return losses
 
-    def evaluate(self, n: int) -> dict[str, float]:
+    def evaluate(self, n: int, when: str = "") -> dict[str, float]:
         """Greedy success rate on the first `n` held-out tasks (temperature 0, one sample each)."""
         if n <= 0:
             return {}
         self.model.eval()
-        return evaluate_greedy(self.eval_collector, self.tasks, n)
+        with self.progress.phase(f"held-out eval {when}".rstrip(), n) as done:
+            return evaluate_greedy(self.eval_collector, self.tasks, n, on_episode=done)
 
     def rl_step(self) -> dict[str, float]:
         cfg = self.cfg
@@ -225,52 +240,47 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         cfg = self.cfg
         dump_config(cfg, self.run_dir / "config.yaml")
-        resumed = self.maybe_resume()
-        summary: dict[str, Any] = {
-            "run_dir": str(self.run_dir),
-            "resumed_from_step": self.step if resumed else None,
-        }
-        if not resumed:
-            if cfg.train.warmup.steps:
-                losses = self.warmup()
-                summary["warmup_loss_first_last"] = [losses[0], losses[-1]]
-            summary["eval_before"] = self.evaluate(cfg.env.eval_tasks)
-            self.logger.log(0, summary["eval_before"])
-        progress = _progress(cfg.run.progress)
-        with progress:
-            task = progress.add_task("RL steps", total=cfg.train.steps, completed=self.step)
-            budget = cfg.train.max_rollout_tokens
-            while self.step < cfg.train.steps and not (budget and self.tokens_total >= budget):
-                metrics = self.rl_step()
-                self.step += 1
-                self.logger.log(self.step, metrics)
-                progress.update(
-                    task,
-                    advance=1,
-                    description=f"RL step {self.step} success {metrics['env/success_rate']:.2f}",
-                )
-                every = cfg.train.checkpoint_every
-                if every and self.step % every == 0:
-                    self.save()
-        self.save()
-        summary["eval_after"] = self.evaluate(cfg.env.eval_tasks)
+        with self.progress:
+            resumed = self.maybe_resume()
+            summary: dict[str, Any] = {
+                "run_dir": str(self.run_dir),
+                "resumed_from_step": self.step if resumed else None,
+            }
+            if not resumed:
+                if cfg.train.warmup.steps:
+                    losses = self.warmup()
+                    summary["warmup_loss_first_last"] = [losses[0], losses[-1]]
+                summary["eval_before"] = self.evaluate(cfg.env.eval_tasks, "before RL")
+                self.logger.log(0, summary["eval_before"])
+            self._rl_steps()
+            self.save()
+            summary["eval_after"] = self.evaluate(cfg.env.eval_tasks, "after RL")
         self.logger.log(self.step, summary["eval_after"])
         summary["plots"] = [str(p) for p in write_plots(self.run_dir)]
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.logger.close()
         return summary
 
+    def _rl_steps(self) -> None:
+        """RL steps until `train.steps` (or the rollout-token budget), checkpointing as configured."""
+        cfg = self.cfg
+        budget = cfg.train.max_rollout_tokens
+        with self.progress.phase("RL steps", cfg.train.steps, completed=self.step) as advance:
+            while self.step < cfg.train.steps and not (budget and self.tokens_total >= budget):
+                metrics = self.rl_step()
+                self.step += 1
+                self.logger.log(self.step, metrics)
+                advance(note=f"{self.step}: success {metrics['env/success_rate']:.2f}")
+                every = cfg.train.checkpoint_every
+                if every and self.step % every == 0:
+                    self.save()
 
-def _progress(enabled: bool) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        disable=not enabled,
-    )
+def _wandb_sink(cfg: Config) -> WandbSink | None:
+    if not cfg.run.wandb:
+        return None
+    config = cfg.model_dump(mode="json")
+    return WandbSink(cfg.run_dir, cfg.run.name, cfg.run.wandb_project, cfg.run.wandb_mode, config)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,7 +42,7 @@ def test_quickstart_config_learns(tmp_path: Path, seed: int, kernel: str) -> Non
     # Time is the machine's, not the code's: CI's machines are shared, so it is reported above
     # (and checked by the matrix script on a quiet machine), not asserted here.
     run = next(tmp_path.glob("*/quickstart"))
-    for plot in ("success.png", "tokens.png", "grad_norm.png"):
+    for plot in ("success.png", "grad_norm.png", "warmup_loss.png", "success_vs_tokens.png", "summary.png"):
         assert (run / "plots" / plot).stat().st_size > 0
 
 

@@ -60,7 +60,7 @@ def test_smoke_training_run(tiny_model_dir: Path, tmp_path: Path) -> None:
     for name in ("config.yaml", "summary.json", "rollouts/step_000000.jsonl", "rollouts/step_000001.jsonl"):
         assert (run / name).exists(), name
     assert (run / "checkpoints" / "step_000002").is_dir()
-    assert {Path(p).name for p in summary["plots"]} >= {"success.png", "tokens.png", "grad_norm.png"}
+    assert {Path(p).name for p in summary["plots"]} >= {"success.png", "grad_norm.png", "summary.png"}
     assert summary["eval_after"]["eval/infra_errors"] == 0
     record = json.loads((run / "rollouts" / "step_000001.jsonl").read_text().splitlines()[0])
     assert len(record["advantages"]) == len(record["response_ids"]) == len(record["response_mask"])
