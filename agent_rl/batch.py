@@ -57,6 +57,8 @@ class RolloutBatch:
     """(B,) bool: False for infrastructure failures (no loss, no advantage, not in any baseline)."""
     policy_mask: torch.Tensor
     """(B, R) bool: response_mask & valid, the tokens that get an advantage and a loss term."""
+    truncated: torch.Tensor | None = None
+    """(B,) bool: episodes cut by a budget or the env's limit (overlong handling); None = unknown."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -103,6 +105,10 @@ class ScoredBatch:
     """(B, R) float: 0 outside the policy mask."""
     grad_sq_norms: torch.Tensor | None = None
     """(B,) float: exact per-sequence squared gradient norms, when the estimator needs them."""
+    is_weights: torch.Tensor | None = None
+    """(B, R) float: truncated importance weights p_trainer / p_sampler (agent_rl.offpolicy); None = off."""
+    loss_weights: torch.Tensor | None = None
+    """(B, R) float: what multiplies each token's PPO term (IS weights, overlong filter); None = all 1."""
 
     def __len__(self) -> int:
         return len(self.rollout)
@@ -172,6 +178,7 @@ def collate(trajectories: Iterable[Trajectory], pad_id: int) -> RolloutBatch:
         group_index=torch.tensor([t.group_id for t in trajs], dtype=torch.long),
         valid=valid,
         policy_mask=mask.bool() & valid[:, None],
+        truncated=torch.tensor([t.truncated for t in trajs], dtype=torch.bool),
     )
 
 
@@ -183,6 +190,7 @@ def batch_from_tensors(
     group_index: torch.Tensor,
     valid: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
+    truncated: torch.Tensor | None = None,
 ) -> RolloutBatch:
     """A RolloutBatch from hand-made tensors (tests, benchmarks): the derived fields filled in."""
     attention = torch.ones_like(input_ids) if attention_mask is None else attention_mask
@@ -197,4 +205,5 @@ def batch_from_tensors(
         group_index=group_index,
         valid=valid,
         policy_mask=response_mask.bool() & valid[:, None],
+        truncated=None if truncated is None else truncated.bool(),
     )

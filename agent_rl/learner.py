@@ -26,7 +26,10 @@ from agent_rl.advantages import (
 from agent_rl.batch import PolicyScores, RolloutBatch, ScoredBatch
 from agent_rl.config import AlgoConfig, TrainConfig
 from agent_rl.logprobs import TokenStats, causal_lm_token_stats
+from agent_rl.lora import load_policy_state, policy_state
 from agent_rl.loss import PPOLossConfig, ppo_loss
+from agent_rl.offpolicy import ISCorrection, importance_weights, mismatch_metrics
+from agent_rl.overlong import OverlongConfig, overlong_loss_mask, shape_overlong_rewards
 from agent_rl.parallel import Shard, all_reduce_sum, combine_micro_metrics, sum_gradients
 
 
@@ -40,6 +43,13 @@ def step_metrics(scored: ScoredBatch) -> dict[str, float]:
         metrics["policy/entropy"] = float(scores.entropy[policy].mean())
         metrics["policy/proxy_w_mean"] = float(w[policy].mean())
         metrics["policy/sampler_trainer_logp_diff"] = float(drift[policy].max())
+        metrics.update(
+            mismatch_metrics(
+                scores.trainer_log_probs, scored.rollout.sampler_log_probs, policy, scored.is_weights
+            )
+        )
+    if scored.loss_weights is not None and policy.any():
+        metrics["train/loss_weight_zero_frac"] = float((scored.loss_weights[policy] == 0).float().mean())
     return metrics
 
 
@@ -60,16 +70,26 @@ class Learner:
         self.temperature = temperature
         self.ref_model = ref_model
         self.max_grad_norm = train.max_grad_norm
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+        trainable = [p for p in model.parameters() if p.requires_grad]  # only the adapters under LoRA
+        self.optimizer = torch.optim.AdamW(trainable, lr=train.lr, weight_decay=train.weight_decay)
         warm = max(1, train.warmup_lr_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm))
         self.loss_config = PPOLossConfig(
             clip_ratio_low=algo.clip_eps,
-            clip_ratio_high=algo.clip_eps,
+            clip_ratio_high=algo.clip_eps if algo.clip_eps_high is None else algo.clip_eps_high,
             dual_clip=algo.dual_clip,
             loss_agg_mode=algo.loss_agg,
             kl_coef=algo.kl_coef,
             entropy_coef=algo.entropy_coef,
+        )
+        # 'auto' is resolved by Config validation (by engine); a bare AlgoConfig's auto means off.
+        mode = "off" if algo.is_correction == "auto" else algo.is_correction
+        self.is_correction = ISCorrection(mode=mode, cap=algo.is_cap, band=algo.is_band)
+        self.overlong = OverlongConfig(
+            mode=algo.overlong,
+            penalty=algo.overlong_penalty,
+            buffer=algo.overlong_buffer,
+            max_tokens=algo.overlong_max_tokens,
         )
         self.generator = torch.Generator().manual_seed(train.seed)
         self.micro_metrics: list[tuple[int, dict[str, float]]] = []
@@ -147,7 +167,11 @@ class Learner:
         return diag.metrics()
 
     def advantages(
-        self, batch: RolloutBatch, scores: PolicyScores, grad_sq_norms: torch.Tensor | None = None
+        self,
+        batch: RolloutBatch,
+        scores: PolicyScores,
+        grad_sq_norms: torch.Tensor | None = None,
+        is_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
         inputs = AdvantageInputs(
             token_rewards=batch.token_rewards,
@@ -156,6 +180,7 @@ class Learner:
             old_log_probs=scores.trainer_log_probs,
             sum_pi_squared=scores.sum_pi_squared,
             grad_sq_norms=grad_sq_norms,
+            is_weights=is_weights,
             valid=batch.valid,
         )
         return compute_advantages(self.algo.estimator, inputs, **self.algo.estimator_options)
@@ -189,6 +214,7 @@ class Learner:
             ref_log_probs=micro.scores.ref_log_probs,
             entropy=stats.entropy,
             denominator=denominator,
+            is_weights=micro.loss_weights,
         )
         out.loss.backward()
         return {k: float(v) for k, v in out.metrics.items()}
@@ -231,10 +257,30 @@ class Learner:
         return metrics
 
     def prepare(self, batch: RolloutBatch) -> ScoredBatch:
-        """Score the batch with the current policy and add its advantages (everything before the update)."""
+        """Score the batch with the current policy and add its advantages (everything before the update).
+
+        Also where the sampler/trainer correction is formed (its weights feed both OTB's proxy, as
+        rho^2, and the loss) and where overlong episodes are penalised or filtered.
+        """
+        batch = shape_overlong_rewards(batch, self.overlong)
         scores = self.score(batch)
         norms = self.exact_sequence_grad_sq_norms(batch) if self.needs("grad_sq_norms") else None
-        return ScoredBatch(batch, scores, self.advantages(batch, scores, norms), grad_sq_norms=norms)
+        corrected = importance_weights(
+            scores.trainer_log_probs, batch.sampler_log_probs, batch.policy_mask, self.is_correction
+        )
+        is_weights = None if corrected is None else corrected.weights
+        loss_weights = is_weights
+        filtered = overlong_loss_mask(batch, self.overlong)
+        if filtered is not None:
+            loss_weights = filtered if loss_weights is None else loss_weights * filtered
+        return ScoredBatch(
+            batch,
+            scores,
+            self.advantages(batch, scores, norms, is_weights),
+            grad_sq_norms=norms,
+            is_weights=is_weights,
+            loss_weights=loss_weights,
+        )
 
     def step(self, batch: RolloutBatch, *, diagnose: bool = False) -> tuple[ScoredBatch, dict[str, float]]:
         """Score, estimate advantages, update. Returns the scored batch (with advantages) and metrics.
@@ -251,14 +297,14 @@ class Learner:
     # -- checkpointing -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model.state_dict(),
+            "model": policy_state(self.model),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "generator": self.generator.get_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        load_policy_state(self.model, state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])

@@ -130,6 +130,7 @@ def ppo_loss(
     ref_log_probs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     denominator: float | torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> PPOLossOutput:
     """PPO-clip loss (to minimise) and metrics.
 
@@ -141,6 +142,10 @@ def ppo_loss(
     ref_log_probs:  (B, L) log pi_ref(y_t); required when config.kl_coef > 0.
     entropy:        (B, L) policy entropy, differentiable; required when config.entropy_coef > 0.
     denominator:    see `aggregate`; pass the mini-batch count when accumulating gradients.
+    is_weights:     (B, L) truncated importance weights pi_trainer / pi_sampler (agent_rl.offpolicy),
+                    multiplying each token's clipped term (decoupled PPO: the clip is around the
+                    trainer's old policy, the weight corrects for having sampled from another one).
+                    Detached; a weight of 0 removes the token's term but keeps it in the denominator.
     """
     _check_inputs(log_probs, old_log_probs, advantages, response_mask, config, ref_log_probs, entropy)
     mask = response_mask.bool()  # (B, L)
@@ -159,6 +164,7 @@ def ppo_loss(
     if config.dual_clip is not None:
         pg_loss3 = -advantages * config.dual_clip  # (B, L) cap for negative advantages
         pg_losses = torch.where(advantages < 0, torch.minimum(pg_loss_clip, pg_loss3), pg_loss_clip)
+    pg_losses = _importance_weighted(pg_losses, is_weights, mask)
     pg_loss = aggregate(pg_losses, mask, config.loss_agg_mode, denominator)
 
     regulariser, metrics = _regularisers(log_probs, mask, config, ref_log_probs, entropy, denominator)
@@ -171,6 +177,20 @@ def ppo_loss(
     metrics["losses/pg_loss"] = pg_loss.detach()
     metrics["losses/loss"] = loss.detach()
     return PPOLossOutput(loss=loss, metrics=metrics)
+
+
+def _importance_weighted(
+    pg_losses: torch.Tensor, is_weights: torch.Tensor | None, mask: torch.Tensor
+) -> torch.Tensor:
+    """pg_losses * is_weights on the mask (detached weights; a 0 weight removes the term). (B, L)."""
+    if is_weights is None:
+        return pg_losses
+    if is_weights.shape != pg_losses.shape:
+        raise ValueError(
+            f"is_weights shape {tuple(is_weights.shape)} != log_probs shape {tuple(pg_losses.shape)}"
+        )
+    weights = torch.where(mask, is_weights.detach().to(pg_losses.dtype), torch.zeros_like(pg_losses))
+    return pg_losses * weights
 
 
 def _check_inputs(

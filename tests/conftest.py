@@ -33,6 +33,8 @@ NUMERICS_MODULES = {
     "test_learner",
     "test_logprobs",
     "test_loss",
+    "test_offpolicy",
+    "test_overlong",
     "test_train",
     "test_warmup",
 }
