@@ -25,6 +25,7 @@ from agent_rl import build
 from agent_rl.batch import collate
 from agent_rl.checkpoint import load_latest_checkpoint, save_checkpoint
 from agent_rl.config import Config, ConfigError, dump_config, load_config
+from agent_rl.dynamic_sampling import collect_informative
 from agent_rl.evaluate import evaluate_greedy
 from agent_rl.learner import Learner
 from agent_rl.metrics import MetricsLogger, WandbSink, write_plots
@@ -180,6 +181,9 @@ class Trainer:
         )
         trajs, retries = self._collect(tasks, seed=cfg.train.seed * 1_000_003 + self.step)
         self.task_cursor += cfg.rollout.prompts_per_step
+        dynamic: dict[str, float] = {}
+        if cfg.algo.dynamic_sampling:
+            trajs, dynamic = self._informative(trajs, seed=cfg.train.seed * 1_000_003 + self.step)
         t1 = time.perf_counter()
         if any(t.valid for t in trajs):
             metrics = self._update(trajs)
@@ -190,7 +194,28 @@ class Trainer:
         self.writer.write(self.step, trajs)
         metrics.update(self._rollout_metrics(trajs))
         metrics.update({"perf/rollout_retries": retries, "perf/rollout_s": t1 - t0, "perf/update_s": t2 - t1})
+        metrics.update(dynamic)
         return metrics
+
+    def _informative(self, trajs: list[Trajectory], seed: int) -> tuple[list[Trajectory], dict[str, float]]:
+        """DAPO's dynamic sampling (agent_rl.dynamic_sampling): extra rounds read the next tasks from the
+        cursor, with their own seed (round r: seed + r * 2^32) and group ids after the earlier rounds'."""
+        cfg, n = self.cfg, self.cfg.rollout.prompts_per_step
+        rounds = [0]
+
+        def more(first_group: int) -> list[Trajectory]:
+            rounds[0] += 1
+            tasks = self.tasks.reset_options("train", n, first=self.task_cursor, wrap=True)
+            self.task_cursor += n
+            batch = self.collector.collect(tasks, cfg.rollout.group_size, seed=seed + rounds[0] * 2**32)
+            for t in batch:
+                t.group_id += first_group
+            return batch
+
+        result = collect_informative(trajs, more, n, cfg.algo.dynamic_sampling_max_rounds)
+        spent = sum(t.num_policy_tokens + t.num_tool_tokens for t in result.dropped)
+        self.tokens_total += spent  # tokens/cumulative counts what was sampled, dropped or not
+        return result.trajectories, {**result.metrics(cfg.rollout.group_size), "tokens/dropped": spent}
 
     def _collect(self, tasks: list[dict[str, int]], seed: int) -> tuple[list[Trajectory], int]:
         """One step's trajectories; collected again after a wait when every episode failed (a sandbox
