@@ -19,13 +19,15 @@ from typing import Any
 import torch
 
 from agent_rl.rollout.engine import Completion, SamplingParams, find_stop_string, per_prompt_params
+from agent_rl.rollout.prefix_kv import KVEntry, PrefixKVStore, weights_version
+
+DEFAULT_KV_CACHE_BYTES = 2 * 2**30
+"""Reused-KV budget: about 90k tokens of a 0.5B Qwen2 in float32 (24 KiB per token)."""
 
 
-def top_p_filter(scaled_logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Set logits outside each row's nucleus to -inf (the most likely token always stays).
-
-    scaled_logits: (B, V) float32, already divided by temperature. top_p: (B,) in (0, 1].
-    """
+def top_p_filter_by_sort(scaled_logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Reference nucleus filter: sort the whole vocabulary (the tests and the sampler benchmark
+    compare `top_p_filter` against it). Same arguments and result as `top_p_filter` (up to ties)."""
     sorted_logits, order = scaled_logits.sort(dim=-1, descending=True)  # (B, V)
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # (B, V) mass of strictly more likely tokens
@@ -34,13 +36,73 @@ def top_p_filter(scaled_logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tens
     return scaled_logits.masked_fill(drop, float("-inf"))
 
 
+TOP_P_FIRST_K = 64
+"""First candidate count of the partial selection; it grows 8x until every row's nucleus fits."""
+
+
+def _nucleus_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """(R,) the smallest probability each row's nucleus keeps. probs: (R, V), top_p: (R,) < 1.
+
+    Why top-k instead of a sort: a nucleus is usually a few dozen tokens of a 152k vocabulary, and
+    `topk(k)` costs about one pass over the row where a sort costs log V passes. k grows until the
+    first excluded token shows up in every row (at worst k = V, a full sort).
+    """
+    rows, vocab = probs.shape
+    threshold = torch.empty(rows, dtype=probs.dtype, device=probs.device)
+    pending = torch.arange(rows, device=probs.device)
+    k = min(TOP_P_FIRST_K, vocab)
+    while pending.numel():
+        values = probs[pending].topk(k, dim=-1).values  # (P, k), descending
+        # float64 sums: a float32 running sum over thousands of candidates drifts by ~1e-6 * k and
+        # would move the boundary of a flat nucleus (the sorting filter's cumsum does).
+        wide = values.double()
+        mass_before = wide.cumsum(dim=-1) - wide  # mass of the more likely candidates
+        kept = (mass_before < top_p[pending, None].double()).sum(dim=-1)  # (P,) >= 1: the top stays
+        done = (kept < k) | (k == vocab)
+        threshold[pending[done]] = values[done].gather(-1, (kept[done] - 1)[:, None])[:, 0]
+        pending = pending[~done]
+        k = min(8 * k, vocab)
+    return threshold
+
+
+def top_p_filter(scaled_logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set logits outside each row's nucleus to -inf (the most likely token always stays).
+
+    scaled_logits: (B, V) float32, already divided by temperature. top_p: (B,) in (0, 1].
+    The nucleus is every token whose strictly-more-likely mass is below top_p (tied tokens are
+    kept or dropped together). Rows with top_p = 1 are returned untouched without any selection;
+    the others use a partial selection (`_nucleus_threshold`), never a sort of the vocabulary.
+    """
+    rows = (top_p < 1).nonzero()[:, 0]  # (R,)
+    if rows.numel() == 0:
+        return scaled_logits
+    probs = scaled_logits[rows].softmax(dim=-1)  # (R, V)
+    threshold = _nucleus_threshold(probs, top_p[rows])
+    out = scaled_logits.clone()
+    out[rows] = scaled_logits[rows].masked_fill(probs < threshold[:, None], float("-inf"))
+    return out
+
+
 class HFEngine:
     """Samples with a transformers causal LM; see agent_rl.rollout.engine for the contract."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, *, max_model_len: int | None = None, seed: int = 0
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        kv_reuse: bool = True,
+        kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
     ) -> None:
-        """`model` may be the trainer's own module: then weights are shared and need no update."""
+        """`model` may be the trainer's own module: then weights are shared and need no update.
+
+        kv_reuse: keep each finished sequence's KV cache and reuse it when a later prompt extends
+            it (the next turn of an episode), so a turn costs its new tokens only. Log-probs equal
+            the re-prefill path's to float rounding (tests/agent_rl/rollout/test_kv_reuse.py).
+        kv_cache_bytes: most memory the kept caches may hold (least recently used go first).
+        """
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -52,6 +114,9 @@ class HFEngine:
         self.pad_token_id = int(pad if pad is not None else eos)
         self.max_model_len = int(max_model_len or model.config.max_position_embeddings)
         self._seed_source = torch.Generator().manual_seed(seed)
+        self.kv_reuse = kv_reuse
+        self.kv_store = PrefixKVStore(kv_cache_bytes)
+        self._kv_weights = weights_version(model)
 
     @classmethod
     def from_pretrained(
@@ -88,11 +153,20 @@ class HFEngine:
                 )
             target.copy_(value.detach().to(device=target.device, dtype=target.dtype))
             updated_ptrs.add(target.data_ptr())
+        self.clear_kv_cache()
         missing = [n for n, t in own.items() if n not in state_dict and t.data_ptr() not in updated_ptrs]
         if missing:
             raise KeyError(
                 f"update_weights: state dict lacks {missing[:5]} (of {len(missing)}); pass the full state dict"
             )
+
+    def clear_kv_cache(self) -> None:
+        """Drop every kept KV cache (new weights; the end of a collect(), whose episodes are over)."""
+        self.kv_store.clear()
+        self._kv_weights = weights_version(self.model)
+
+    release_cache = clear_kv_cache
+    """The optional engine hook the collector calls when its episodes are over."""
 
     # ------------------------------------------------------------------ sampling
     def _row_generators(self, plist: Sequence[SamplingParams]) -> list[torch.Generator]:
@@ -169,34 +243,92 @@ class HFEngine:
         finally:
             self.model.train(was_training)
 
-    def _left_padded(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input_ids, attention_mask), both (B, W): left padding puts every row's next token at -1."""
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    def _prefill_inputs(
+        self, prompts: Sequence[Sequence[int]], hits: Sequence[tuple[int, KVEntry] | None]
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(cache, input_ids (B, N), attention (B, C + N), positions (B, N)) for the first forward.
+
+        Row i reuses r_i cached tokens (0 without a hit) and feeds the other n_i = len - r_i. Its
+        cached keys sit right-aligned in the C = max r_i past columns, its new ids right-aligned in
+        the N = max n_i input columns; the columns between are padding (attention 0), and explicit
+        positions continue from r_i. Left padding keeps every row's next token in the last column.
+        Without hits this is plain left padding (C = 0).
+        """
+        from transformers import DynamicCache
+
+        batch = len(prompts)
+        reuse = [0 if hit is None else hit[0] for hit in hits]
+        past = max(reuse)
+        width = max(len(p) - r for p, r in zip(prompts, reuse, strict=True))
+        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((batch, past + width), dtype=torch.long)
+        positions = torch.zeros((batch, width), dtype=torch.long)
+        for i, (prompt, r) in enumerate(zip(prompts, reuse, strict=True)):
+            n = len(prompt) - r
+            input_ids[i, width - n :] = torch.tensor(list(prompt[r:]), dtype=torch.long)
+            attention[i, past - r : past] = 1
+            attention[i, past + width - n :] = 1
+            positions[i, width - n :] = torch.arange(r, len(prompt))
+        cache = DynamicCache()
+        if past:
+            some = next(hit[1] for hit in hits if hit is not None)
+            for layer in range(len(some.keys)):
+                heads, _, dim = some.keys[layer].shape
+                kv = [some.keys[layer].new_zeros((batch, heads, past, dim)) for _ in range(2)]  # (B, H, C, D)
+                for i, hit in enumerate(hits):
+                    if hit is not None:
+                        r, entry = hit
+                        kv[0][i, :, past - r :] = entry.keys[layer][:, :r]
+                        kv[1][i, :, past - r :] = entry.values[layer][:, :r]
+                cache.update(kv[0].to(self.device), kv[1].to(self.device), layer)
+        return cache, input_ids.to(self.device), attention.to(self.device), positions.to(self.device)
+
+    def _keep_kv(
+        self,
+        cache: Any,
+        attention: torch.Tensor,
+        prompts: Sequence[Sequence[int]],
+        ids: list[list[int]],
+        hits: Sequence[tuple[int, KVEntry] | None],
+    ) -> None:
+        """Store each row's keys and values (the columns it attended) for its next turn."""
         for i, prompt in enumerate(prompts):
-            input_ids[i, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
-            attention[i, width - len(prompt) :] = 1
-        return input_ids.to(self.device), attention.to(self.device)
+            cols = attention[i].nonzero()[:, 0]  # the row's real tokens, in order
+            tokens = [*prompt, *ids[i]][: len(cols)]
+            if len(tokens) != len(cols):
+                raise AssertionError(f"engine bug: row {i} has {len(cols)} cached columns, {len(tokens)} ids")
+            keys = [layer.keys[i].index_select(1, cols) for layer in cache.layers]  # (H, L, D) each
+            values = [layer.values[i].index_select(1, cols) for layer in cache.layers]
+            hit = hits[i]
+            self.kv_store.add(KVEntry(tokens, keys, values), replaces=[] if hit is None else [hit[1]])
 
     def _forward(self, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: Any):
         """Last-position logits (B, V) in float32; the KV cache grows in place."""
         out = self.model(
-            input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
         )
         return out.logits[:, -1, :].float()
 
+    def _lookup(self, prompts: Sequence[Sequence[int]]) -> list[tuple[int, KVEntry] | None]:
+        """Each prompt's reusable cached prefix (all None with kv_reuse off)."""
+        if not self.kv_reuse:
+            return [None] * len(prompts)
+        if weights_version(self.model) != self._kv_weights:
+            self.clear_kv_cache()  # the weights changed in place (a shared trainer module): stale KV
+        return [self.kv_store.lookup(list(p)) for p in prompts]
+
     @torch.no_grad()
     def _generate(self, prompts: Sequence[Sequence[int]], plist: list[SamplingParams]) -> list[Completion]:
-        from transformers import DynamicCache
-
         batch = len(prompts)
-        input_ids, attention = self._left_padded(prompts)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, W)
+        hits = self._lookup(prompts)
+        cache, input_ids, attention, positions = self._prefill_inputs(prompts, hits)
         temperature = torch.tensor([p.temperature for p in plist], dtype=torch.float32, device=self.device)
         top_p = torch.tensor([p.top_p for p in plist], dtype=torch.float32, device=self.device)
         gens = self._row_generators(plist)
-        cache = DynamicCache()
         logits = self._forward(input_ids, attention, positions, cache)  # (B, V)
         next_pos = positions[:, -1] + 1  # (B,)
 
@@ -207,6 +339,8 @@ class HFEngine:
         active = [True] * batch
         for _ in range(max(p.max_new_tokens for p in plist)):
             tokens, token_lps = self._sample(logits, temperature, top_p, gens, active)
+            # Rows that sampled a real token this step attend to it; finished rows get padding.
+            fed = torch.tensor(active, dtype=attention.dtype, device=self.device)[:, None]  # (B, 1)
             for i in range(batch):
                 if not active[i]:
                     continue
@@ -220,9 +354,11 @@ class HFEngine:
             if not any(active):
                 break
             step_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]  # (B, 1)
-            attention = torch.cat([attention, attention.new_ones((batch, 1))], dim=1)
+            attention = torch.cat([attention, fed], dim=1)
             logits = self._forward(step_ids, attention, next_pos[:, None], cache)
             next_pos = next_pos + 1
+        if self.kv_reuse:
+            self._keep_kv(cache, attention, prompts, ids, hits)
         return [
             Completion(ids[i], lps[i], finish_reason=finish[i] or "length", stop_reason=stop_reason[i])
             for i in range(batch)
