@@ -101,7 +101,7 @@ def make_sandbox(cfg: SandboxConfig) -> Any:
     if cfg.backend == "http":
         from sandbox import Client
 
-        return Client(cfg.url, token=os.environ.get(cfg.token_env))
+        return Client(cfg.url, token=os.environ.get(cfg.token_env), session_wait_s=cfg.session_wait_s)
     from sandbox import DockerSandbox
 
     return DockerSandbox()

@@ -5,6 +5,12 @@ overloaded after the retries that Retry-After asks for) raise ``SandboxUnavailab
 server rejects as bad (4xx) raises ``SandboxRequestError``; the user's code failing is an
 ``ExecResult`` like any other.
 
+Admission: opening a session when the server already holds ``max_sessions`` answers 429. A trainer
+that runs more episodes at once than the server has sessions must wait for one to close, not fail
+the episode, so ``session()`` keeps asking (backing off up to the server's Retry-After) for up to
+``session_wait_s`` seconds, then raises ``SandboxUnavailable`` naming the bound. The time spent
+waiting is counted in ``client.session_waits`` (``SessionWaits``).
+
 ``Client`` speaks HTTP through the standard library's ``http.client``, not httpx: a warm execution
 is a fraction of a millisecond of server work, and httpx spends about 1 ms of client CPU on each
 request (URL merging, cookies, h11's state machine) against about 0.3 ms for ``http.client``.
@@ -21,10 +27,13 @@ import asyncio
 import http.client
 import itertools
 import json
+import logging
+import random
 import select
 import ssl
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,6 +42,11 @@ import httpx
 from sandbox.result import ExecResult, SandboxUnavailable
 
 _HTTP_SLACK_S = 30.0  # the server kills a cell at its wall limit; allow for restart and transfer
+SESSION_WAIT_S = 600.0
+"""Default bound on waiting for session capacity: an episode of a busy trainer may hold a session for
+minutes, and failing the waiting episode instead would lose it (the issue this bound replaces)."""
+
+log = logging.getLogger(__name__)
 
 
 def _readable(sock: object) -> bool:
@@ -256,6 +270,70 @@ def _retry_after(resp: httpx.Response | _Response) -> float:
         return 1.0
 
 
+def _capacity_delay(attempt: int, hint_s: float) -> float:
+    """How long to wait before asking for a session again: 50 ms, doubling up to the server's
+    Retry-After. Short at first because a slot frees the moment any episode ends; jittered so the
+    clients that wait together do not all come back in the same instant."""
+    return random.uniform(0.5, 1.0) * min(hint_s, 0.05 * 2**attempt)
+
+
+@dataclass
+class SessionWaits:
+    """Time ``session()`` spent waiting for capacity (the server answering 429), since the client
+    was made: ``waits`` sessions had to wait, ``total_s`` seconds in all, ``longest_s`` at most."""
+
+    waits: int = 0
+    total_s: float = 0.0
+    longest_s: float = 0.0
+
+    def add(self, waited_s: float) -> None:
+        self.waits += 1
+        self.total_s += waited_s
+        self.longest_s = max(self.longest_s, waited_s)
+
+
+class _CapacityWait:
+    """One session creation's wait for capacity, bounded by ``bound_s``.
+
+    ``next_delay`` gives the pause before the next try, or raises ``SandboxUnavailable`` once the
+    bound would be passed; ``done`` records the time waited in ``stats``.
+    """
+
+    def __init__(self, bound_s: float, stats: SessionWaits, lock: threading.Lock, url: str) -> None:
+        self.bound_s = bound_s
+        self.stats = stats
+        self.lock = lock
+        self.url = url
+        self.started = time.monotonic()
+        self.attempt = 0
+
+    def next_delay(self, resp: httpx.Response | _Response) -> float:
+        waited = time.monotonic() - self.started
+        delay = _capacity_delay(self.attempt, _retry_after(resp))
+        self.attempt += 1
+        if waited + delay > self.bound_s:
+            raise SandboxUnavailable(
+                f"sandbox server {self.url} had no session free for {waited:.1f}s (session_wait_s="
+                f"{self.bound_s:g}): more episodes run at once than its max_sessions allows and none "
+                f"ended in time; raise session_wait_s or the server's max_sessions. Last answer: "
+                f"{resp.text[:200]}"
+            )
+        if self.attempt == 1:
+            log.info("sandbox %s: no session free (429); waiting up to %gs", self.url, self.bound_s)
+        return delay
+
+    def done(self) -> None:
+        if self.attempt:
+            with self.lock:
+                self.stats.add(time.monotonic() - self.started)
+
+
+def _check_wait(seconds: float) -> float:
+    if not seconds >= 0:  # NaN too
+        raise ValueError(f"session_wait_s must be >= 0 seconds, got {seconds!r}")
+    return float(seconds)
+
+
 class RemoteSession:
     def __init__(self, client: Client, session_id: str, replica: int = 0) -> None:
         self.client = client
@@ -304,11 +382,22 @@ class Client:
     """Synchronous client: ``with Client(url).session() as s: s.run("print(1)")``."""
 
     def __init__(
-        self, url: str, token: str | None = None, *, retries: int = 5, timeout_s: float = 60.0
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        retries: int = 5,
+        timeout_s: float = 60.0,
+        session_wait_s: float = SESSION_WAIT_S,
     ) -> None:
+        """``retries``: tries after a 429 for executions and one-shots; ``session_wait_s``: how long
+        ``session()`` waits for a free session (see the module docstring)."""
         self.urls = split_urls(url)
         self.url = self.urls[0] if len(self.urls) == 1 else ",".join(self.urls)
         self.retries = retries
+        self.session_wait_s = _check_wait(session_wait_s)
+        self.session_waits = SessionWaits()
+        self._waits_lock = threading.Lock()
         self._pools = [_ConnectionPool(u, _headers(token), timeout_s) for u in self.urls]
         self._http = self._pools[0]
         self._replicas = _Replicas(len(self.urls))
@@ -324,12 +413,8 @@ class Client:
         """One request to ``replica`` (by default the next in turn), retried while it answers 429."""
         body = None if json is None else _json_bytes(json)
         replica = self._replicas.next() if replica is None else replica
-        pool = self._pools[replica]
         for attempt in range(self.retries + 1):
-            try:
-                resp = pool.request(method, path, body, timeout)
-            except (OSError, http.client.HTTPException) as e:  # socket errors and timeouts too
-                raise SandboxUnavailable(f"sandbox server {self.urls[replica]} unreachable: {e!r}") from e
+            resp = self._send(replica, method, path, body, timeout)
             if resp.status_code == 429 and attempt < self.retries:
                 time.sleep(_retry_after(resp))
                 continue
@@ -338,10 +423,23 @@ class Client:
             return _decode(resp)
         raise AssertionError("unreachable")
 
+    def _send(
+        self, replica: int, method: str, path: str, body: bytes | None, timeout: float | None
+    ) -> _Response:
+        try:
+            return self._pools[replica].request(method, path, body, timeout)
+        except (OSError, http.client.HTTPException) as e:  # socket errors and timeouts too
+            raise SandboxUnavailable(f"sandbox server {self.urls[replica]} unreachable: {e!r}") from e
+
     def session(self, **limits: Any) -> RemoteSession:
+        """Open a session, waiting (at most ``session_wait_s``) while the server has none free."""
         replica = self._replicas.next()
-        data = self._request("POST", "/v1/sessions", json={"limits": limits}, replica=replica)
-        return RemoteSession(self, data["id"], replica)
+        body = _json_bytes({"limits": limits})
+        wait = _CapacityWait(self.session_wait_s, self.session_waits, self._waits_lock, self.urls[replica])
+        while (resp := self._send(replica, "POST", "/v1/sessions", body, None)).status_code == 429:
+            time.sleep(wait.next_delay(resp))
+        wait.done()
+        return RemoteSession(self, _decode(resp)["id"], replica)
 
     def run(
         self, code: str, *, timeout_s: float | None = None, stdin: str | None = None, **limits: Any
@@ -428,11 +526,18 @@ class _SessionStarter:
         self.session: AsyncRemoteSession | None = None
 
     async def _open(self) -> AsyncRemoteSession:
-        replica = self.client._replicas.next()
-        data = await self.client._request(
-            "POST", "/v1/sessions", json={"limits": self.limits}, replica=replica
+        """Open a session, waiting (at most ``session_wait_s``) while the server has none free."""
+        client = self.client
+        replica = client._replicas.next()
+        wait = _CapacityWait(
+            client.session_wait_s, client.session_waits, client._waits_lock, client.urls[replica]
         )
-        self.session = AsyncRemoteSession(self.client, data["id"], replica)
+        while (
+            resp := await client._send(replica, "POST", "/v1/sessions", json={"limits": self.limits})
+        ).status_code == 429:
+            await asyncio.sleep(wait.next_delay(resp))
+        wait.done()
+        self.session = AsyncRemoteSession(client, _decode(resp)["id"], replica)
         return self.session
 
     def __await__(self) -> Any:
@@ -457,10 +562,14 @@ class AsyncClient:
         retries: int = 5,
         timeout_s: float = 60.0,
         max_connections: int = 256,
+        session_wait_s: float = SESSION_WAIT_S,
     ) -> None:
         self.urls = split_urls(url)
         self.url = self.urls[0] if len(self.urls) == 1 else ",".join(self.urls)
         self.retries = retries
+        self.session_wait_s = _check_wait(session_wait_s)
+        self.session_waits = SessionWaits()
+        self._waits_lock = threading.Lock()
         pool = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._clients = [
             httpx.AsyncClient(base_url=u, headers=_headers(token), timeout=timeout_s, limits=pool)
@@ -473,10 +582,7 @@ class AsyncClient:
         """One request to ``replica`` (by default the next in turn), retried while it answers 429."""
         replica = self._replicas.next() if replica is None else replica
         for attempt in range(self.retries + 1):
-            try:
-                resp = await self._clients[replica].request(method, path, **kw)
-            except httpx.HTTPError as e:
-                raise SandboxUnavailable(f"sandbox server {self.urls[replica]} unreachable: {e}") from e
+            resp = await self._send(replica, method, path, **kw)
             if resp.status_code == 429 and attempt < self.retries:
                 await asyncio.sleep(_retry_after(resp))
                 continue
@@ -485,7 +591,14 @@ class AsyncClient:
             return _decode(resp)
         raise AssertionError("unreachable")
 
+    async def _send(self, replica: int, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            return await self._clients[replica].request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise SandboxUnavailable(f"sandbox server {self.urls[replica]} unreachable: {e}") from e
+
     def session(self, **limits: Any) -> _SessionStarter:
+        """Open a session (await it, or ``async with``), waiting at most ``session_wait_s`` for one."""
         return _SessionStarter(self, limits)
 
     async def run(
