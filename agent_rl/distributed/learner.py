@@ -171,6 +171,19 @@ class LearnerRank:
             h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
 
+    def gradients(self) -> dict[str, torch.Tensor]:
+        """The last optimiser step's gradient (summed over the ranks, clipped), by parameter name.
+
+        For parity checks: AdamW divides each element by its own running scale, which turns float
+        rounding in a tiny gradient into a visible parameter difference, so two learners are
+        compared on what goes into the optimiser, not on what comes out of it.
+        """
+        return {
+            name: p.grad.detach().to("cpu").clone()
+            for name, p in self.learner.model.named_parameters()
+            if p.grad is not None
+        }
+
     # -- tests -------------------------------------------------------------------------------------
     def stall_next_call(self, seconds: float) -> None:
         """Test hook: the next prepare/update first sleeps `seconds` (a hung rank)."""
@@ -314,6 +327,10 @@ class RayLearner:
     def digests(self) -> list[str]:
         """Per-rank parameter hashes (all equal while the replicas are in sync)."""
         return self._gather([r.digest.remote() for r in self.ranks], None, "digest")
+
+    def gradients(self) -> list[dict[str, torch.Tensor]]:
+        """Each rank's last optimiser-step gradient (`LearnerRank.gradients`); equal on all ranks."""
+        return self._gather([r.gradients.remote() for r in self.ranks], None, "gradients")
 
     def shutdown(self) -> None:
         for r in self.ranks:

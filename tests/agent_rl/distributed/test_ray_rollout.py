@@ -162,8 +162,15 @@ def test_ray_training_matches_in_process(
     want, got = _model_state(local_run, 2), _model_state(tmp_path / "ray", 2)
     assert set(got) == set(want) and set(got["model"]) == set(want["model"])
     assert got["scheduler"] == want["scheduler"]
+    # The update that goes into the optimiser matches (grad/ metrics above; exactly, gradient by
+    # gradient, in test_ray_learner). The weights that come out of AdamW are compared coarsely: its
+    # per-element normalisation turns rounding in a near-eps gradient element into a step of up to
+    # ~lr, so the bound is a small fraction of what one RL step moved the weights, not a fixed
+    # 1e-5 (which sat within 10x of the observed 1e-6); a wrong update moves by O(moved).
     diff = max((got["model"][k] - v).abs().max().item() for k, v in want["model"].items())
-    assert diff <= 1e-5, diff
+    first = _model_state(local_run, 1)["model"]
+    moved = max((want["model"][k] - v).abs().max().item() for k, v in first.items())
+    assert diff <= 0.01 * moved and moved > 0, (diff, moved)
 
 
 def test_resume_onto_learner_ranks_from_an_in_process_checkpoint(
