@@ -150,13 +150,16 @@ def make_engine(
             raise ValueError("the hf engine samples with a loaded model: pass model= and tokenizer=")
         from agent_rl.rollout.hf_engine import HFEngine
 
-        return HFEngine(model, tokenizer, max_model_len=max_model_len(cfg), seed=cfg.train.seed)
+        return HFEngine(
+            model, tokenizer, max_model_len=max_model_len(cfg), seed=cfg.train.seed, kv_reuse=cfg.rollout.kv_reuse
+        )
     from agent_rl.rollout.vllm_engine import VLLMEngine
 
     options: dict[str, Any] = {
         "max_model_len": max_model_len(cfg),
         "seed": cfg.train.seed,
         "dtype": cfg.model.dtype,
+        "enable_prefix_caching": cfg.rollout.kv_reuse,
     }
     if uses_gpu(cfg):
         options["gpu_memory_utilization"] = cfg.rollout.vllm_gpu_memory_utilization

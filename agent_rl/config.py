@@ -97,6 +97,9 @@ class RolloutConfig(Section):
     """Lockstep engine batches whose composition never depends on timing, so that one seed gives
     bit-identical runs on one machine (see CollectorConfig.deterministic). False trades that for
     throughput when tool calls are slow and uneven (benchmarks/rollout_bench.py measures both)."""
+    kv_reuse: bool = True
+    """Reuse earlier turns' KV so a turn pays for its new tokens only: per-episode caches in the hf
+    engine (same log-probs as re-prefilling, to float rounding), prefix caching in vllm."""
     vllm_gpu_memory_utilization: float = Field(0.4, gt=0, lt=1)
     """engine=vllm on a GPU: the share of GPU memory vLLM may take beside the trainer (ignored on CPU)."""
 

@@ -17,11 +17,20 @@ What it measures (medians over repeats; the machine is shared, so read ratios, n
    timing and one seed gives bit-identical runs) and with batching by arrival (`arrival`:
    `rollout.deterministic_batching=false`, throughput first). The ratio line compares them.
 
+7. With --turn-cost: what one turn costs as the episode grows (issue "Long horizons"). B episodes
+   play T turns in lock-step straight on the engine; every turn feeds the same number of new
+   tokens (turn 1: a prompt of --tool-tokens ids; later turns: a tool reply of as many ids) and
+   samples --turn-tokens more. Printed: seconds per turn at turn 1 and turn T, and their ratio,
+   with KV reuse (hf: per-episode caches; vllm: prefix caching) and without (re-prefill). Target:
+   turn T <= 1.5x turn 1 with reuse.
+
 Envs: "scripted" replies instantly; "sandbox" runs one real cell per turn in a LocalSandbox
 session (bubblewrap when installed), the default sandbox of our environments.
 
 Run:  python benchmarks/rollout_bench.py [--engines hf vllm] [--envs scripted sandbox]
       [--tasks 8 --group-size 4 --turns 3 --max-new-tokens 32 --repeats 3]
+      python benchmarks/rollout_bench.py --turn-cost [--engines hf vllm --tasks 8 --turns 16
+      --tool-tokens 32 --turn-tokens 32 --repeats 3]
 """
 
 from __future__ import annotations
@@ -65,6 +74,10 @@ class BenchConfig:
     """Bench model size: the test model (hidden 64) decodes so fast that any env dominates, unlike
     real models; hidden 256 x 4 layers keeps the generate/env ratio closer to practice on CPU."""
     layers: int = 4
+    kv_heads: int | None = None
+    """Key/value heads of the bench model; None = as many as query heads (MHA). Real models share
+    them (Qwen2.5-0.5B: 14 query, 2 KV heads), which makes attention over a long context 4-7x cheaper
+    relative to the rest of a decode step; --turn-cost reports depend on it."""
     batch_wait_s: float = CollectorConfig.batch_wait_s
     batching: tuple[str, ...] = ("deterministic", "arrival")
 
@@ -181,12 +194,28 @@ def model_dir(cfg: BenchConfig) -> str:
         num_layers=cfg.layers,
         num_heads=cfg.hidden // 64,
         intermediate_size=4 * cfg.hidden,
+        max_position_embeddings=8192,  # long-horizon episodes (--turn-cost)
     )
-    out = Path(".cache/bench") / f"tiny-h{cfg.hidden}-l{cfg.layers}"
+    kv = f"-kv{cfg.kv_heads}" if cfg.kv_heads else ""
+    out = Path(".cache/bench") / f"tiny-h{cfg.hidden}-l{cfg.layers}{kv}"
     marker = out / "tiny_model_spec.json"
     if not marker.exists() or json.loads(marker.read_text()) != asdict(spec):
         build_tiny_model(out, spec)
+        if cfg.kv_heads:
+            share_kv_heads(out, cfg.kv_heads)
     return str(out)
+
+
+def share_kv_heads(path: Path, kv_heads: int) -> None:
+    """Rebuild the saved bench model with grouped-query attention (same seed, fewer KV heads)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    if config.num_attention_heads % kv_heads:
+        raise ValueError(f"--kv-heads {kv_heads} must divide the {config.num_attention_heads} query heads")
+    config.num_key_value_heads = kv_heads
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
 
 
 def make_engine(name: str, cfg: BenchConfig, path: str) -> Any:
@@ -308,6 +337,112 @@ def print_table(rows: list[Row], cfg: BenchConfig) -> None:
             )
 
 
+# ---------------------------------------------------------------- per-turn cost (--turn-cost)
+
+
+@dataclass
+class TurnCost:
+    engine: str
+    reuse: bool
+    seconds: list[list[float]] = field(default_factory=list)
+    """Per repeat, per turn: the generate() call's wall time."""
+    new_tokens: list[list[int]] = field(default_factory=list)
+    """Per repeat, per turn: prompt tokens fed for the first time plus tokens sampled."""
+    context: list[int] = field(default_factory=list)
+    """Per turn: mean prompt length (first repeat)."""
+
+
+def play_turns(
+    engine: Any, cfg: BenchConfig, tool_tokens: int, turn_tokens: int, seed: int
+) -> tuple[list[float], list[int], list[int]]:
+    """One lock-step game of cfg.turns turns for cfg.tasks episodes; per-turn seconds, new tokens, context."""
+    import random
+
+    rng = random.Random(seed)
+    vocab = min(len(engine.tokenizer), 250)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(3, vocab) for _ in range(n)]
+
+    history = [ids(tool_tokens) for _ in range(cfg.tasks)]
+    seconds, new_tokens, context = [], [], []
+    for turn in range(cfg.turns):
+        params = [
+            SamplingParams(temperature=1.0, max_new_tokens=turn_tokens, seed=turn_seed(seed, i, turn))
+            for i in range(cfg.tasks)
+        ]
+        started = time.perf_counter()
+        outs = engine.generate(history, params)
+        seconds.append(time.perf_counter() - started)
+        new_tokens.append(sum(len(o.token_ids) for o in outs) + cfg.tasks * tool_tokens)
+        context.append(sum(len(h) for h in history) // len(history))
+        history = [h + o.token_ids + ids(tool_tokens) for h, o in zip(history, outs, strict=True)]
+    return seconds, new_tokens, context
+
+
+def make_turn_engine(name: str, reuse: bool, cfg: BenchConfig, path: str, max_len: int) -> Any:
+    if name == "hf":
+        from agent_rl.rollout.hf_engine import HFEngine
+
+        return HFEngine.from_pretrained(path, dtype="float32", max_model_len=max_len, kv_reuse=reuse)
+    from agent_rl.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(
+        path,
+        dtype="float32",
+        max_model_len=max_len,
+        max_num_seqs=cfg.tasks,
+        kv_cache_memory_bytes=256 * 2**20,
+        enable_prefix_caching=reuse,
+    )
+
+
+def run_turn_cost(cfg: BenchConfig, path: str, tool_tokens: int, turn_tokens: int) -> list[TurnCost]:
+    max_len = cfg.turns * (tool_tokens + turn_tokens) + 64
+    rows = []
+    for name in cfg.engines:
+        for reuse in (True, False):
+            engine = make_turn_engine(name, reuse, cfg, path, max_len)
+            play_turns(engine, cfg, tool_tokens, turn_tokens, seed=10_000)  # warm-up (compile, allocator)
+            row = TurnCost(name, reuse)
+            for r in range(cfg.repeats):
+                seconds, new, context = play_turns(engine, cfg, tool_tokens, turn_tokens, seed=r)
+                row.seconds.append(seconds)
+                row.new_tokens.append(new)
+                row.context = row.context or context
+            rows.append(row)
+            print(f"done: turn cost {name} reuse={reuse}", file=sys.stderr)
+            del engine
+    return rows
+
+
+def print_turn_cost(rows: list[TurnCost], cfg: BenchConfig, tool_tokens: int, turn_tokens: int) -> None:
+    med = statistics.median
+    last = cfg.turns - 1
+    print(
+        f"\nper-turn cost: {cfg.tasks} episodes x {cfg.turns} turns in lock-step, {tool_tokens} new prompt/tool ids + "
+        f"<= {turn_tokens} sampled per turn, {cfg.repeats} repeats (medians), torch threads {cfg.threads}, model "
+        f"{cfg.model_dir or 'bench'} (hidden {cfg.hidden}, {cfg.layers} layers, {cfg.kv_heads or cfg.hidden // 64} KV heads)"
+    )
+    header = f"{'engine':<6} {'kv reuse':<9} {'context T':>9} {'turn 1 s':>9} {f'turn {cfg.turns} s':>10} {'T / 1':>7} {'T / 1 per new tok':>18} {'all turns s':>11}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        first, final = med(s[0] for s in r.seconds), med(s[last] for s in r.seconds)
+        per_tok = med(
+            (s[last] / n[last]) / (s[0] / n[0]) for s, n in zip(r.seconds, r.new_tokens, strict=True)
+        )
+        total = med(sum(s) for s in r.seconds)
+        print(
+            f"{r.engine:<6} {'on' if r.reuse else 'off':<9} {r.context[last]:>9} {first:>9.3f} {final:>10.3f} "
+            f"{final / first:>6.2f}x {per_tok:>17.2f}x {total:>11.2f}"
+        )
+    print(
+        f"T / 1 = seconds of turn {cfg.turns} / seconds of turn 1 (target <= 1.5x with reuse); per new tok divides each by\n"
+        "  the tokens it fed for the first time + sampled (an eos can end a turn early). context T = mean prompt length."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engines", nargs="+", default=list(BenchConfig.engines), choices=["hf", "vllm"])
@@ -321,10 +456,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", default=None, help="a model dir (default: build the bench model)")
     p.add_argument("--hidden", type=int, default=BenchConfig.hidden)
     p.add_argument("--layers", type=int, default=BenchConfig.layers)
+    p.add_argument("--kv-heads", type=int, default=None, help="bench model KV heads (default: MHA)")
     p.add_argument("--batch-wait", type=float, default=BenchConfig.batch_wait_s)
     p.add_argument(
         "--batching", nargs="+", default=list(BenchConfig.batching), choices=["deterministic", "arrival"]
     )
+    p.add_argument("--turn-cost", action="store_true", help="measure per-turn cost vs turn index instead")
+    p.add_argument("--tool-tokens", type=int, default=32, help="--turn-cost: new prompt/tool ids per turn")
+    p.add_argument("--turn-tokens", type=int, default=32, help="--turn-cost: sampled tokens per turn")
     args = p.parse_args(argv)
     cfg = BenchConfig(
         engines=tuple(args.engines),
@@ -338,12 +477,17 @@ def main(argv: list[str] | None = None) -> int:
         model_dir=args.model_dir,
         hidden=args.hidden,
         layers=args.layers,
+        kv_heads=args.kv_heads,
         batch_wait_s=args.batch_wait,
         batching=tuple(args.batching),
     )
     path = model_dir(cfg)
     torch.set_num_threads(cfg.threads)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the table readable
+    if args.turn_cost:
+        rows = run_turn_cost(cfg, path, args.tool_tokens, args.turn_tokens)
+        print_turn_cost(rows, cfg, args.tool_tokens, args.turn_tokens)
+        return 0
     sandbox = None
     if "sandbox" in cfg.envs:
         from sandbox import LocalSandbox

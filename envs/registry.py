@@ -105,8 +105,10 @@ BUILTIN_ENVS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     f"{NAMESPACE}/MathNoTool-v0": ("envs.math_envs:MathNoToolEnv", {}),
     f"{NAMESPACE}/CalculatorMath-v0": ("envs.math_envs:CalculatorMathEnv", {}),
+    f"{NAMESPACE}/ChainLookup-v0": ("envs.tasks.chain:ChainEnv", {"min_depth": 1, "max_depth": 16}),
 }
-"""id -> (entry point, default kwargs). PythonArithEasy is the quickstart's difficulty-0 task."""
+"""id -> (entry point, default kwargs). PythonArithEasy is the quickstart's difficulty-0 task.
+ChainLookup is the long-horizon family (envs/tasks/chain.py): pass max_depth up to 32."""
 
 
 def register_builtin_envs() -> None:

@@ -357,6 +357,9 @@ class Collector:
                 pass
             batcher.close()
             pool.shutdown(wait=False, cancel_futures=True)
+            release = getattr(self.engine, "release_cache", None)
+            if callable(release):  # this call's episodes are over: their kept KV can go
+                release()
         stats.wall_s = time.perf_counter() - started
         stats.env_busy_s = clock.busy_s
         stats.env_s = sum(t.timings.get("env", 0.0) for t in trajectories)

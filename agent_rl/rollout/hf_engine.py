@@ -83,6 +83,49 @@ def top_p_filter(scaled_logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tens
     return out
 
 
+def _growing_cache(num_layers: int, capacity: int) -> Any:
+    """A transformers DynamicCache whose layers write into buffers sized once per generate() call.
+
+    Why: DynamicLayer appends each decode step's keys with torch.cat, which copies the whole cache
+    every token; at a 1k-8k-token context that copy, not the model, dominated a decode step. Here a
+    step writes only its new column and attention reads a view of the filled part.
+    """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.length = 0
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            super().lazy_initialization(key_states, value_states)
+            batch, heads, _, _ = key_states.shape
+            self.key_buffer = key_states.new_zeros((batch, heads, capacity, key_states.shape[-1]))
+            self.value_buffer = value_states.new_zeros((batch, heads, capacity, value_states.shape[-1]))
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            end = self.length + key_states.shape[-2]
+            if end > capacity:
+                raise AssertionError(f"engine bug: KV cache of {capacity} columns asked for {end}")
+            self.key_buffer[:, :, self.length : end] = key_states
+            self.value_buffer[:, :, self.length : end] = value_states
+            self.length = end
+            self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+    cache = DynamicCache()
+    cache.layers = [GrowingLayer() for _ in range(num_layers)]
+    return cache
+
+
 class HFEngine:
     """Samples with a transformers causal LM; see agent_rl.rollout.engine for the contract."""
 
@@ -244,7 +287,10 @@ class HFEngine:
             self.model.train(was_training)
 
     def _prefill_inputs(
-        self, prompts: Sequence[Sequence[int]], hits: Sequence[tuple[int, KVEntry] | None]
+        self,
+        prompts: Sequence[Sequence[int]],
+        hits: Sequence[tuple[int, KVEntry] | None],
+        max_new_tokens: int,
     ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(cache, input_ids (B, N), attention (B, C + N), positions (B, N)) for the first forward.
 
@@ -254,8 +300,6 @@ class HFEngine:
         positions continue from r_i. Left padding keeps every row's next token in the last column.
         Without hits this is plain left padding (C = 0).
         """
-        from transformers import DynamicCache
-
         batch = len(prompts)
         reuse = [0 if hit is None else hit[0] for hit in hits]
         past = max(reuse)
@@ -269,7 +313,8 @@ class HFEngine:
             attention[i, past - r : past] = 1
             attention[i, past + width - n :] = 1
             positions[i, width - n :] = torch.arange(r, len(prompt))
-        cache = DynamicCache()
+        capacity = past + width + max_new_tokens
+        cache = _growing_cache(self.model.config.get_text_config().num_hidden_layers, capacity)
         if past:
             some = next(hit[1] for hit in hits if hit is not None)
             for layer in range(len(some.keys)):
@@ -325,7 +370,8 @@ class HFEngine:
     def _generate(self, prompts: Sequence[Sequence[int]], plist: list[SamplingParams]) -> list[Completion]:
         batch = len(prompts)
         hits = self._lookup(prompts)
-        cache, input_ids, attention, positions = self._prefill_inputs(prompts, hits)
+        steps = max(p.max_new_tokens for p in plist)
+        cache, input_ids, attention, positions = self._prefill_inputs(prompts, hits, steps)
         temperature = torch.tensor([p.temperature for p in plist], dtype=torch.float32, device=self.device)
         top_p = torch.tensor([p.top_p for p in plist], dtype=torch.float32, device=self.device)
         gens = self._row_generators(plist)
@@ -337,7 +383,7 @@ class HFEngine:
         finish: list[str | None] = [None] * batch
         stop_reason: list[int | str | None] = [None] * batch
         active = [True] * batch
-        for _ in range(max(p.max_new_tokens for p in plist)):
+        for _ in range(steps):
             tokens, token_lps = self._sample(logits, temperature, top_p, gens, active)
             # Rows that sampled a real token this step attend to it; finished rows get padding.
             fed = torch.tensor(active, dtype=attention.dtype, device=self.device)[:, None]  # (B, 1)
