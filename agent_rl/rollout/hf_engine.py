@@ -12,7 +12,7 @@ speculative decoding, beam search (none is used by on-policy RL here).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,8 @@ def top_p_filter_by_sort(scaled_logits: torch.Tensor, top_p: torch.Tensor) -> to
 
 
 TOP_P_FIRST_K = 64
-"""First candidate count of the partial selection; it grows 8x until every row's nucleus fits."""
+"""First candidate count of the partial selection; it grows 16x until every row's nucleus fits
+(and becomes the whole vocabulary once it would pass V / 8)."""
 
 
 def _nucleus_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -45,7 +46,8 @@ def _nucleus_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor
 
     Why top-k instead of a sort: a nucleus is usually a few dozen tokens of a 152k vocabulary, and
     `topk(k)` costs about one pass over the row where a sort costs log V passes. k grows until the
-    first excluded token shows up in every row (at worst k = V, a full sort).
+    first excluded token shows up in every row (at worst k = V, a full sort, for nuclei of more than
+    ~V / 8 tokens: benchmarks/sampler_bench.py measures both kinds).
     """
     rows, vocab = probs.shape
     threshold = torch.empty(rows, dtype=probs.dtype, device=probs.device)
@@ -61,7 +63,8 @@ def _nucleus_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor
         done = (kept < k) | (k == vocab)
         threshold[pending[done]] = values[done].gather(-1, (kept[done] - 1)[:, None])[:, 0]
         pending = pending[~done]
-        k = min(8 * k, vocab)
+        # A top-k of more than ~1/8 of the row costs about a full sort: go straight to k = V then.
+        k = 16 * k if 16 * k <= vocab // 8 else vocab
     return threshold
 
 
@@ -81,6 +84,57 @@ def top_p_filter(scaled_logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tens
     out = scaled_logits.clone()
     out[rows] = scaled_logits[rows].masked_fill(probs < threshold[:, None], float("-inf"))
     return out
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One index drawn with probability probs[j] / sum(probs) (inverse CDF). probs: (V,) >= 0.
+
+    Why not torch.multinomial: on CPU it costs ~5 ms per row at a 152k vocabulary, ~15x a cumulative
+    sum and a binary search, and it ran once per row per decode step. The sum is in float64 so the
+    CDF does not drift over 152k terms; zero-probability tokens (outside the nucleus) are never
+    drawn, since the search returns the first index whose CDF exceeds the uniform draw.
+    """
+    cdf = probs.double().cumsum(dim=0)  # (V,)
+    u = torch.rand((1,), generator=generator, dtype=torch.float64) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, u, right=True)), probs.shape[0] - 1)
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    gens: Sequence[torch.Generator],
+    active: Sequence[bool],
+    pad_token_id: int,
+    nucleus: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = top_p_filter,
+    drawer: Callable[[torch.Tensor, torch.Generator], int] = draw,
+) -> tuple[list[int], list[float]]:
+    """Draw one token per active row and return its log-prob under the sampling distribution.
+
+    logits: (B, V) float32. temperature, top_p: (B,). Inactive rows get pad_token_id and 0.0.
+    `nucleus` and `drawer` are the top-p filter and the one-row sampler (benchmarks/sampler_bench.py
+    passes the former engine's sort and torch.multinomial as its baseline).
+    """
+    greedy = temperature <= 0  # (B,)
+    safe_t = torch.where(greedy, torch.ones_like(temperature), temperature)
+    scaled = logits / safe_t[:, None]  # (B, V)
+    # Greedy rows keep the whole vocabulary (top_p 1), matching vLLM's greedy log-probs.
+    filtered = nucleus(scaled, torch.where(greedy, torch.ones_like(top_p), top_p))
+    log_probs = filtered.log_softmax(dim=-1)  # (B, V)
+    tokens: list[int] = []
+    lps: list[float] = []
+    for i in range(logits.shape[0]):
+        if not active[i]:
+            tokens.append(pad_token_id)
+            lps.append(0.0)
+            continue
+        if bool(greedy[i]):
+            tok = int(logits[i].argmax())
+        else:
+            tok = drawer(log_probs[i].exp(), gens[i])
+        tokens.append(tok)
+        lps.append(float(log_probs[i, tok]))
+    return tokens, lps
 
 
 def _growing_cache(num_layers: int, capacity: int) -> Any:
@@ -231,31 +285,8 @@ class HFEngine:
         gens: list[torch.Generator],
         active: list[bool],
     ) -> tuple[list[int], list[float]]:
-        """Draw one token per active row and return its log-prob under the sampling distribution.
-
-        logits: (B, V) float32. temperature, top_p: (B,).
-        """
-        greedy = temperature <= 0  # (B,)
-        safe_t = torch.where(greedy, torch.ones_like(temperature), temperature)
-        scaled = logits / safe_t[:, None]  # (B, V)
-        # Greedy rows keep the whole vocabulary (top_p 1), matching vLLM's greedy log-probs.
-        filtered = top_p_filter(scaled, torch.where(greedy, torch.ones_like(top_p), top_p))
-        log_probs = filtered.log_softmax(dim=-1)  # (B, V)
-        probs = log_probs.exp()
-        tokens: list[int] = []
-        lps: list[float] = []
-        for i in range(logits.shape[0]):
-            if not active[i]:
-                tokens.append(self.pad_token_id)
-                lps.append(0.0)
-                continue
-            if bool(greedy[i]):
-                tok = int(logits[i].argmax())
-            else:
-                tok = int(torch.multinomial(probs[i], 1, generator=gens[i]))
-            tokens.append(tok)
-            lps.append(float(log_probs[i, tok]))
-        return tokens, lps
+        """One token per active row and its log-prob (see `sample_tokens`)."""
+        return sample_tokens(logits, temperature, top_p, gens, active, self.pad_token_id)
 
     def _stop_check(self, out_ids: list[int], p: SamplingParams) -> tuple[bool, int | str | None]:
         tok = out_ids[-1]
