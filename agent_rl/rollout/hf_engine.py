@@ -54,7 +54,8 @@ def _nucleus_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor
     pending = torch.arange(rows, device=probs.device)
     k = min(TOP_P_FIRST_K, vocab)
     while pending.numel():
-        values = probs[pending].topk(k, dim=-1).values  # (P, k), descending
+        candidates = probs if pending.numel() == rows else probs[pending]
+        values = candidates.topk(k, dim=-1).values  # (P, k), descending
         # float64 sums: a float32 running sum over thousands of candidates drifts by ~1e-6 * k and
         # would move the boundary of a flat nucleus (the sorting filter's cumsum does).
         wide = values.double()
@@ -79,10 +80,15 @@ def top_p_filter(scaled_logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tens
     rows = (top_p < 1).nonzero()[:, 0]  # (R,)
     if rows.numel() == 0:
         return scaled_logits
-    probs = scaled_logits[rows].softmax(dim=-1)  # (R, V)
-    threshold = _nucleus_threshold(probs, top_p[rows])
+    every = rows.numel() == scaled_logits.shape[0]  # skip the gather / scatter copies of (B, V)
+    chosen = scaled_logits if every else scaled_logits[rows]
+    probs = chosen.softmax(dim=-1)  # (R, V)
+    threshold = _nucleus_threshold(probs, top_p if every else top_p[rows])
+    kept = chosen.masked_fill(probs < threshold[:, None], float("-inf"))
+    if every:
+        return kept
     out = scaled_logits.clone()
-    out[rows] = scaled_logits[rows].masked_fill(probs < threshold[:, None], float("-inf"))
+    out[rows] = kept
     return out
 
 
@@ -97,6 +103,16 @@ def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     cdf = probs.double().cumsum(dim=0)  # (V,)
     u = torch.rand((1,), generator=generator, dtype=torch.float64) * cdf[-1]
     return min(int(torch.searchsorted(cdf, u, right=True)), probs.shape[0] - 1)
+
+
+EXP_FLOOR = -80.0
+"""Log-probs below this are drawn as if they were e^-80 (~2e-35): a negligible change (at most V x
+2e-35 of mass), but exp of -inf or of an underflowing value takes a slow path on CPU (20-70x)."""
+
+
+def row_probs(log_probs: torch.Tensor) -> torch.Tensor:
+    """(V,) probabilities to draw from: exp of one row, exactly 0 outside the nucleus (-inf)."""
+    return log_probs.clamp(min=EXP_FLOOR).exp().masked_fill_(log_probs == float("-inf"), 0.0)
 
 
 def sample_tokens(
@@ -131,7 +147,7 @@ def sample_tokens(
         if bool(greedy[i]):
             tok = int(logits[i].argmax())
         else:
-            tok = drawer(log_probs[i].exp(), gens[i])
+            tok = drawer(row_probs(log_probs[i]), gens[i])
         tokens.append(tok)
         lps.append(float(log_probs[i, tok]))
     return tokens, lps
