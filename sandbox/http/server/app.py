@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -24,21 +25,25 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from sandbox import languages
 from sandbox.bwrap.local import LocalSandbox
 from sandbox.http.server import fastpath
-from sandbox.http.server.fusion import fusion_response
+from sandbox.http.server.fusion import fetch_cell, fusion_response, jupyter_budget, jupyter_response, plan_run
 from sandbox.http.server.schemas import (
     BatchIn,
     BatchPublic,
+    ErrorOut,
     ExecResultPublic,
     ExecuteIn,
     RunCodeRequest,
     RunCodeResponse,
+    RunJupyterRequest,
+    RunJupyterResponse,
     SessionCreate,
     SessionPublic,
     error_responses,
 )
-from sandbox.http.server.state import Overloaded, ServerState
+from sandbox.http.server.state import Overloaded, QueueTimeout, ServerState
 from sandbox.http.settings import SandboxSettings
 from sandbox.limits import PER_EXECUTION, LimitError
 from sandbox.result import ExecResult, SandboxUnavailable, SessionClosed
@@ -58,7 +63,7 @@ StateDep = Annotated[ServerState, Depends(get_state)]
 
 async def require_token(request: Request) -> None:
     token = request.app.state.sandbox_state.settings.auth_token
-    if token is None:
+    if token is None or request.scope.get(PATH_TOKEN_OK):
         return
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
@@ -206,37 +211,82 @@ fusion = APIRouter(
     dependencies=[Depends(require_token)],
     tags=["sandboxfusion"],
     responses={
-        **error_responses(400, 401, 413, 422, 429),
-        503: {"model": RunCodeResponse, "description": "The sandbox failed: status SandboxError"},
+        **error_responses(400, 401, 413, 422),
+        504: {"model": ErrorOut, "description": "No execution slot within fusion_queue_wait_s: retry"},
     },
 )
 
 
 @fusion.post("/run_code", response_model=RunCodeResponse)
-async def run_code(state: StateDep, body: RunCodeRequest) -> RunCodeResponse:
-    """SandboxFusion-compatible single run: ``code`` as a script, ``files`` base64 in the workspace."""
-    if body.language != "python":
-        raise HTTPException(400, f"unsupported language {body.language!r}: this sandbox runs 'python' only")
+async def run_code(state: StateDep, body: RunCodeRequest) -> Any:
+    """SandboxFusion-compatible run of one program (python, bash, cpp, c); see server/fusion.py.
+
+    HTTP 200 for every outcome of the program, SandboxError included; 4xx only for a request
+    that cannot be run (unknown language, bad field); 504 when no slot freed up in time.
+    """
+    if body.language not in languages.available():
+        raise HTTPException(400, languages.unsupported_message(body.language))
     _check_code(state, body.code)
-    if not 0 < body.run_timeout <= state.settings.max_limits.wall_s:
-        raise LimitError(
-            f"run_timeout must be in (0, {state.settings.max_limits.wall_s}], got {body.run_timeout}"
-        )
-    overrides: dict[str, Any] = {"wall_s": float(body.run_timeout), "cpu_s": float(body.run_timeout)}
-    if body.memory_limit_MB != -1:
-        overrides["memory_mb"] = body.memory_limit_MB
-    state.sb.limits.updated(overrides, state.sb.max_limits)
+    settings = state.settings
+    plan = plan_run(
+        body, settings.max_limits, settings.default_limits.output_bytes, settings.fusion_default_memory_mb
+    )
     files = {k: v for k, v in body.files.items() if v is not None}
-    result = await state.execute(
-        lambda: state.sb.run_async(
-            body.code, want_value=False, stdin=body.stdin, files=files or None, **overrides
-        )
+    result = await state.execute_queued(
+        lambda: state.sb.run_async(plan.spec.cell(), want_value=False, files=files or None, **plan.limits),
+        state.settings.fusion_queue_wait_s,
     )
     state.metrics.record("run_code", result)
-    return fusion_response(result)
+    return JSONResponse(fusion_response(result, plan).model_dump())
+
+
+async def _run_cells(state: ServerState, body: RunJupyterRequest, per_cell: float, total: float) -> Any:
+    """Run the cells in order in one session; stop at the notebook's total time."""
+    files = {k: v for k, v in body.files.items() if v}
+    with state.opening_session():
+        s = await anyio.to_thread.run_sync(state.sb.session)
+    results: list[ExecResult] = []
+    t0, timed_out = time.monotonic(), False
+    try:
+        for i, cell in enumerate(body.cells):
+            left = total - (time.monotonic() - t0)
+            if left <= 0:
+                timed_out = True
+                break
+            r = await s.run_async(cell, timeout_s=min(per_cell, left), files=files if i == 0 else None)
+            results.append(r)
+            if r.timed_out and min(per_cell, left) == left:
+                timed_out = True
+                break
+        fetched: dict[str, str] = {}
+        if body.fetch_files and not timed_out:
+            got = await s.run_async(fetch_cell(body.fetch_files), want_value=False)
+            fetched = json.loads(got.stdout or "{}") if got.ok else {}
+    finally:
+        await anyio.to_thread.run_sync(s.close)
+    return jupyter_response(results, time.monotonic() - t0, timed_out, fetched)
+
+
+@fusion.post("/run_jupyter", response_model=RunJupyterResponse)
+async def run_jupyter(state: StateDep, body: RunJupyterRequest) -> Any:
+    """SandboxFusion's notebook run: ``cells`` in one persistent Python session, in order."""
+    for cell in body.cells:
+        _check_code(state, cell)
+    per_cell, total, warnings = jupyter_budget(body, state.settings.max_limits)
+    response = await state.execute_queued(
+        lambda: _run_cells(state, body, per_cell, total), state.settings.fusion_queue_wait_s
+    )
+    response.warnings = warnings
+    return JSONResponse(response.model_dump())
 
 
 ops = APIRouter(tags=["ops"])
+
+
+@ops.get("/v1/ping")
+async def ping() -> str:
+    """SandboxFusion's liveness probe: answers "pong" (no token needed, like /healthz)."""
+    return "pong"
 
 
 @ops.get("/healthz")
@@ -246,10 +296,12 @@ async def healthz() -> dict[str, str]:
 
 def _has_token(state: ServerState, request: Request) -> bool:
     token = state.settings.auth_token
-    if token is None:
+    if token is None or request.scope.get(PATH_TOKEN_OK):
         return True
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), token.get_secret_value().encode())
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.encode(), token.get_secret_value().encode()
+    )
 
 
 @ops.get("/readyz", responses={503: {"description": "Not ready (same body, ready false)"}})
@@ -379,10 +431,43 @@ class BodyCap:
             await self._too_large()(scope, receive, send)
 
 
+FUSION_PATHS = frozenset({"/run_code", "/run_jupyter"})
+PATH_TOKEN_OK = fastpath.PATH_TOKEN_OK
+"""Scope key PathToken sets when the URL carried the token; ``require_token`` then lets it in."""
+
+
+class PathToken:
+    """Accept ``/<token>/<route>`` as ``/<route>`` with the token given (for header-less clients).
+
+    verl's ``sandbox_fusion_url`` (and the SDK's endpoint) is used as it is, so a URL such as
+    ``http://127.0.0.1:8080/<token>/run_code`` authenticates a client that cannot send a header.
+    A first segment that is not the token is left alone (and then needs the header as usual).
+    """
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app, self.prefix = app, f"/{token}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            raw: bytes = scope.get("raw_path") or scope["path"].encode()
+            head, sep, _ = raw[1:].partition(b"/")
+            if sep and hmac.compare_digest(b"/" + head, self.prefix):
+                rest = raw[len(self.prefix) :]
+                scope = {
+                    **scope,
+                    "raw_path": rest,
+                    "path": scope["path"][len(self.prefix) :],
+                    PATH_TOKEN_OK: True,
+                }
+        await self.app(scope, receive, send)
+
+
 def _install_handlers(app: FastAPI, settings: SandboxSettings) -> None:
     body_cap = 2 * settings.max_code_bytes + (1 << 20)
 
     app.add_middleware(BodyCap, limit=body_cap * 4)
+    if settings.auth_token is not None and settings.token_in_path:
+        app.add_middleware(PathToken, token=settings.auth_token.get_secret_value())
 
     @app.exception_handler(LimitError)
     async def _limit(request: Request, exc: LimitError) -> JSONResponse:
@@ -391,6 +476,14 @@ def _install_handlers(app: FastAPI, settings: SandboxSettings) -> None:
     @app.exception_handler(TypeError)
     async def _type(request: Request, exc: TypeError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(QueueTimeout)
+    async def _queue_timeout(request: Request, exc: QueueTimeout) -> JSONResponse:
+        return JSONResponse(
+            {"detail": f"server busy, try again: {exc}"},
+            status_code=504,
+            headers={"Retry-After": str(settings.retry_after_s)},
+        )
 
     @app.exception_handler(Overloaded)
     async def _overloaded(request: Request, exc: Overloaded) -> JSONResponse:
@@ -407,8 +500,10 @@ def _install_handlers(app: FastAPI, settings: SandboxSettings) -> None:
     @app.exception_handler(SandboxUnavailable)
     async def _unavailable(request: Request, exc: SandboxUnavailable) -> JSONResponse:
         log.error("sandbox/infra: %s", exc)
-        if request.url.path == "/run_code":
-            return JSONResponse(RunCodeResponse(status="SandboxError", message=str(exc)).model_dump(), 503)
+        if request.scope["path"] in FUSION_PATHS:
+            # SandboxFusion answers its own failures with 200 and status SandboxError; verl
+            # scores any other HTTP status as an API error.
+            return JSONResponse(RunCodeResponse(status="SandboxError", message=str(exc)).model_dump(), 200)
         return JSONResponse({"detail": f"sandbox unavailable: {exc}"}, status_code=503)
 
     @app.exception_handler(RequestValidationError)

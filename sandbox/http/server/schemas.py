@@ -30,6 +30,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         413: "Body or code over the size limit",
         422: "Invalid request or limits",
         429: "Overloaded: retry after the Retry-After header's seconds",
+        504: "Queued longer than the server's bound (SandboxFusion routes): retry after Retry-After",
         503: "The sandbox itself failed (a worker could not start, ...)",
     }
     return {code: {"model": ErrorOut, "description": what[code]} for code in codes}
@@ -109,26 +110,30 @@ class BatchPublic(BaseModel):
     results: list[ExecResultPublic]
 
 
-# -- SandboxFusion /run_code ------------------------------------------------------------------
+# -- SandboxFusion /run_code and /run_jupyter -------------------------------------------------
 class RunCodeRequest(BaseModel):
-    """SandboxFusion's request; fields we do not use (compile_timeout, fetch_files) are accepted."""
+    """SandboxFusion's request. Unknown fields are ignored, as SandboxFusion does."""
 
     model_config = ConfigDict(extra="ignore")
 
     code: str
     language: str = "python"
+    """python, bash, cpp or c (``GET /v1/ping`` is not the list: see the 400's message)."""
     compile_timeout: float = 10
     run_timeout: float = 10
+    """Seconds; above the server maximum it is clamped (``warnings`` says so), not refused."""
     memory_limit_MB: int = -1
+    """-1: the server maximum. Above the maximum: clamped."""
     stdin: str | None = None
-    files: dict[str, str | None] = Field(default_factory=dict)
-    fetch_files: list[str] = Field(default_factory=list)
+    files: dict[str, str | None] = Field(default_factory=dict, description="Path -> base64 content.")
+    fetch_files: list[str] = Field(default_factory=list, description="Paths returned base64 in ``files``.")
 
 
 class CommandRunResult(BaseModel):
     status: Literal["Finished", "Error", "TimeLimitExceeded"]
     execution_time: float | None = None
     return_code: int | None = None
+    """Exit status; negative for a signal (-9: killed), as Python's subprocess reports it."""
     stdout: str | None = None
     stderr: str | None = None
 
@@ -140,3 +145,34 @@ class RunCodeResponse(BaseModel):
     run_result: CommandRunResult | None = None
     executor_pod_name: str | None = None
     files: dict[str, str] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list)
+    """Not in SandboxFusion (its clients ignore it): limits clamped, files not found."""
+
+
+class RunJupyterRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    cells: list[str]
+    cell_timeout: float = 0
+    """Seconds per cell; 0: whatever is left of ``total_timeout``."""
+    total_timeout: float = 45
+    kernel: Literal["python3"] = "python3"
+    files: dict[str, str] = Field(default_factory=dict)
+    fetch_files: list[str] = Field(default_factory=list)
+
+
+class CellRunResult(BaseModel):
+    stdout: str
+    stderr: str
+    display: list[dict[str, Any]]
+    error: list[dict[str, Any]]
+
+
+class RunJupyterResponse(BaseModel):
+    status: Literal["Success", "Failed", "SandboxError"]
+    message: str = ""
+    driver: CommandRunResult | None = None
+    cells: list[CellRunResult] = Field(default_factory=list)
+    executor_pod_name: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list)

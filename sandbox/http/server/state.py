@@ -24,6 +24,10 @@ class Overloaded(Exception):
     """Too many sessions or queued executions: the client should retry after a pause."""
 
 
+class QueueTimeout(Overloaded):
+    """A SandboxFusion request waited ``fusion_queue_wait_s`` without a slot: answered 504."""
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -132,6 +136,36 @@ class ServerState:
         """Run one execution under the concurrency cap, or refuse at once when the queue is full."""
         self.admit(1)
         return await self.run_admitted(make)
+
+    async def execute_queued(self, make: Callable[[], Awaitable[T]], wait_s: float) -> T:
+        """Like ``execute``, but wait up to ``wait_s`` for a running slot instead of refusing.
+
+        For SandboxFusion clients, which treat 429 as a failed program: a request waits (bounded
+        by ``max_queued_executions`` waiting at once and ``wait_s`` each) and only then gets
+        QueueTimeout, which the app answers with 504, the one status verl retries.
+        """
+        if self.pending >= self.settings.max_queued_executions:
+            self.metrics.rejected.labels("queue_full").inc()
+            raise QueueTimeout(f"{self.pending} executions are running or queued")
+        self.pending += 1
+        self.metrics.pending.set(self.pending)
+        try:
+            assert self.limiter is not None
+            try:
+                if self.limiter.locked():
+                    await asyncio.wait_for(self.limiter.acquire(), wait_s)
+                else:
+                    await self.limiter.acquire()  # a free slot: no timer, no extra task
+            except asyncio.TimeoutError:
+                self.metrics.rejected.labels("queue_wait").inc()
+                raise QueueTimeout(f"no execution slot within {wait_s:g} s") from None
+            try:
+                return await make()
+            finally:
+                self.limiter.release()
+        finally:
+            self.pending -= 1
+            self.metrics.pending.set(self.pending)
 
     @contextlib.contextmanager
     def opening_session(self) -> Iterator[None]:

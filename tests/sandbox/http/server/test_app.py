@@ -170,7 +170,7 @@ def test_run_code_sandboxfusion_shape(api: TestClient) -> None:
         "/run_code", json={"code": "b = bytearray(300 << 20)", "language": "python", "memory_limit_MB": 128}
     )
     assert mem.json()["status"] == "Failed"
-    assert api.post("/run_code", json={"code": "1", "language": "cpp"}).status_code == 400
+    assert api.post("/run_code", json={"code": "1", "language": "cobol"}).status_code == 400
 
 
 def test_health_readiness_metrics_docs(api: TestClient) -> None:

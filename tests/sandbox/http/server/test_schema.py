@@ -56,7 +56,7 @@ CASES = [
     ("delete", "/v1/sessions/{session_id}", "/v1/sessions/nope", {}, 404),
     ("post", "/v1/sessions/{session_id}/execute", "/v1/sessions/nope/execute", {"json": {"code": "1"}}, 404),
     ("post", "/v1/sessions", "/v1/sessions", {"json": {"limits": {"bogus": 1}}}, 422),
-    ("post", "/run_code", "/run_code", {"json": {"code": "1", "language": "cpp"}}, 400),
+    ("post", "/run_code", "/run_code", {"json": {"code": "1", "language": "cobol"}}, 400),
     ("post", "/run_code", "/run_code", {"json": {"code": "1", "run_timeout": -1}}, 422),
     ("post", "/run_code", "/run_code", {"json": {"code": "print(1)"}}, 200),
     ("get", "/metrics", "/metrics", {"headers": {}}, 401),
