@@ -19,7 +19,10 @@ e = exp(z') (every e <= 1, s = sum e >= 1):
     entropy     = log s - sum_v e z' / s
     sum_v p^2   = exp(logsumexp(2 z) - 2 logsumexp(z)) = sum_v e^2 / s^2
 so one exp pass over the vocabulary serves all three, as it does a plain logsumexp, and nothing
-can overflow. Peak extra memory: two chunk-sized float32 buffers (z' and e).
+can overflow. The elementwise passes run over blocks of a few rows (ROW_BLOCK_BYTES), so the only
+chunk-sized buffer is the chunk's logits: at a 152k vocabulary the statistics then cost a few
+percent over plain log-probs (benchmarks/proxy_bench.py), and each row's arithmetic is the same
+whatever the block size.
 """
 
 from __future__ import annotations
@@ -61,6 +64,81 @@ def _chunk_logits(
     return logits
 
 
+ROW_BLOCK_BYTES = {"cpu": 4 * 2**20, "other": 256 * 2**20}
+"""Bytes of one row block of float32 logits in the elementwise passes. On CPU a block stays in
+cache between the passes (max, exp, sums), so they cost little beyond the matmul (at V = 152k
+one pass over a whole 1024-token chunk streams 0.6 GB through memory); elsewhere blocks only bound
+the temporary. Either way the only chunk-sized buffer is the logits chunk itself."""
+
+
+def _row_block(logits: torch.Tensor) -> int:
+    budget = ROW_BLOCK_BYTES["cpu" if logits.device.type == "cpu" else "other"]
+    return max(1, budget // max(1, logits.shape[1] * logits.element_size()))
+
+
+def _stats_by_row_block(
+    z: torch.Tensor,
+    target: torch.Tensor,
+    lse: torch.Tensor,
+    log_probs: torch.Tensor,
+    entropy: torch.Tensor | None,
+    sum_p2: torch.Tensor | None,
+) -> None:
+    """Fill lse, log_probs (and entropy, sum p^2) of the rows of z, a block of rows at a time.
+
+    One exp pass serves all three statistics: with z' = z - max z and e = exp(z') (so e <= 1),
+    s = sum e, logsumexp(z) = max + log s, log p = z' - log s, H = log s - sum e z' / s and
+    sum p^2 = sum e^2 / s^2 = exp(logsumexp(2z) - 2 logsumexp(z)), none of which can overflow.
+    Each row's arithmetic is the same whatever the block size. z is overwritten.
+    """
+    rows = _row_block(z)
+    for first in range(0, z.shape[0], rows):
+        block = slice(first, first + rows)
+        zb = z[block]  # (b, V) a view of the chunk
+        z_max = zb.amax(dim=-1, keepdim=True)  # (b, 1)
+        shifted = zb.sub_(z_max)  # (b, V) in place: z' <= 0
+        e = shifted.exp()  # (b, V) the only other buffer, one row block
+        total = e.sum(-1)  # (b,)
+        log_total = total.log()  # (b,)
+        lse[block] = z_max.squeeze(1) + log_total
+        log_probs[block] = shifted.gather(1, target[block]).squeeze(1) - log_total
+        if sum_p2 is not None:
+            sum_p2[block] = torch.linalg.vector_norm(e, dim=-1).square() / total.square()
+        if entropy is not None:
+            entropy[block] = log_total - shifted.mul_(e).sum(-1) / total  # in place: no third buffer
+
+
+def _logit_grads_by_row_block(
+    z: torch.Tensor,
+    target: torch.Tensor,
+    lse: torch.Tensor,
+    grad_log_probs: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+    grad_entropy: torch.Tensor | None,
+) -> torch.Tensor:
+    """d loss / d z for the rows of the tempered logits z, written into z, a block of rows at a time.
+
+    d log p(y) / dz = e_y - p ;  d H / dz = -p (log p + H). Returns z (now the gradient).
+    """
+    rows = _row_block(z)
+    for first in range(0, z.shape[0], rows):
+        block = slice(first, first + rows)
+        log_p = z[block].sub_(lse[block, None])  # (b, V) in place
+        g_lp = grad_log_probs[block, None] if grad_log_probs is not None else None  # (b, 1)
+        if entropy is not None and grad_entropy is not None:
+            p = log_p.exp()  # (b, V) one row block
+            grad_z = log_p.add_(entropy[block, None]).mul_(p).mul_(-grad_entropy[block, None])
+            if g_lp is not None:
+                grad_z.sub_(p.mul_(g_lp))
+        elif g_lp is not None:
+            grad_z = log_p.exp_().mul_(-g_lp)  # in place: p itself is not needed
+        else:
+            grad_z = log_p.zero_()
+        if g_lp is not None:
+            grad_z.scatter_add_(1, target[block], g_lp)
+    return z
+
+
 def _forward_chunks(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -86,21 +164,15 @@ def _forward_chunks(
             log_probs[start:end] = z.gather(1, target).squeeze(1) - lse
             lse_all[start:end] = lse
             continue
-        # One exp pass serves all three statistics: with z' = z - max z and e = exp(z') (so e <= 1),
-        # s = sum e, logsumexp(z) = max + log s, log p = z' - log s, H = log s - sum e z' / s and
-        # sum p^2 = sum e^2 / s^2 = exp(logsumexp(2z) - 2 logsumexp(z)), none of which can overflow.
-        z_max = z.amax(dim=-1, keepdim=True)  # (C, 1)
-        shifted = z.sub_(z_max)  # (C, V) in place: z' <= 0
-        e = shifted.exp()  # (C, V) the only other chunk-sized buffer
-        total = e.sum(-1)  # (C,)
-        log_total = total.log()  # (C,)
-        lse_all[start:end] = z_max.squeeze(1) + log_total
-        log_probs[start:end] = shifted.gather(1, target).squeeze(1) - log_total
-        if with_sum_pi_squared:
-            sum_p2[start:end] = torch.linalg.vector_norm(e, dim=-1).square() / total.square()
-        if with_entropy:
-            entropy[start:end] = log_total - shifted.mul_(e).sum(-1) / total  # in place: no third buffer
-        del z, shifted, e
+        _stats_by_row_block(
+            z,
+            target,
+            lse_all[start:end],
+            log_probs[start:end],
+            entropy[start:end] if with_entropy else None,
+            sum_p2[start:end] if with_sum_pi_squared else None,
+        )
+        del z
     return log_probs, entropy, sum_p2, lse_all
 
 
@@ -133,18 +205,14 @@ class _ChunkedHeadStats(torch.autograd.Function):
         for start in range(0, n, chunk_size):
             end = min(start + chunk_size, n)
             h = hidden[start:end]  # (C, H)
-            log_p = _chunk_logits(h, weight, bias, temperature).sub_(lse[start:end, None])  # (C, V)
-            p = log_p.exp()  # (C, V)
-            # d log p(y) / dz = e_y - p ;  d H / dz = -p (log p + H)
-            g_lp = grad_log_probs[start:end, None] if grad_log_probs is not None else None  # (C, 1)
-            if use_entropy:
-                grad_z = log_p.add_(entropy[start:end, None]).mul_(p).mul_(-grad_entropy[start:end, None])
-                if g_lp is not None:
-                    grad_z.sub_(p.mul_(g_lp))  # p is not needed after this
-            else:
-                grad_z = p.mul_(-g_lp) if g_lp is not None else torch.zeros_like(p)
-            if g_lp is not None:
-                grad_z.scatter_add_(1, targets[start:end, None], g_lp)
+            grad_z = _logit_grads_by_row_block(
+                _chunk_logits(h, weight, bias, temperature),  # (C, V) the only chunk-sized buffer
+                targets[start:end, None],
+                lse[start:end],
+                grad_log_probs[start:end] if grad_log_probs is not None else None,
+                entropy[start:end] if use_entropy else None,
+                grad_entropy[start:end] if use_entropy else None,
+            )  # (C, V)
             if temperature != 1.0:
                 grad_z.div_(temperature)
             grad_logits = grad_z.to(hidden.dtype)  # (C, V)
@@ -154,7 +222,7 @@ class _ChunkedHeadStats(torch.autograd.Function):
                 grad_weight.add_((grad_logits.T @ h).to(acc))
             if need_b:
                 grad_bias.add_(grad_z.sum(0))
-            del log_p, p, grad_z, grad_logits
+            del grad_z, grad_logits
         if need_w:
             grad_weight = grad_weight.to(weight.dtype)
         if need_b:
