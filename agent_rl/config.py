@@ -164,7 +164,9 @@ class AlgoConfig(Section):
     def _is_band_brackets_one(self) -> AlgoConfig:
         band = self.is_band
         if band is not None and not (0.0 <= band[0] < 1.0 < band[1]):
-            raise ValueError(f"is_band must be [lo, hi] with 0 <= lo < 1 < hi (e.g. [0.5, 2.0]); got {list(band)}")
+            raise ValueError(
+                f"is_band must be [lo, hi] with 0 <= lo < 1 < hi (e.g. [0.5, 2.0]); got {list(band)}"
+            )
         return self
 
 
@@ -201,6 +203,11 @@ class TrainConfig(Section):
     """Save a checkpoint every k RL steps (0 = only at the end)."""
     grad_variance_every: int = Field(0, ge=0)
     """Every k steps, measure exact per-sample gradient variance (small models only; 0 = never)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them (HF gradient
+    checkpointing, non-reentrant) during the learner's update: activation memory per token drops from
+    all layers' to about one layer's, for roughly one more forward pass of compute
+    (benchmarks/learner_memory_bench.py measures both). Off = keep activations (faster)."""
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
 
 

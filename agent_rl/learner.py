@@ -53,6 +53,16 @@ def step_metrics(scored: ScoredBatch) -> dict[str, float]:
     return metrics
 
 
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Turn on HF gradient checkpointing (active only in train mode, i.e. in `Learner.update`; the
+    no-grad scoring pass and the engine's generation are unaffected)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(
+            f"{type(model).__name__} does not support gradient checkpointing; set train.activation_checkpointing=false"
+        )
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 class Learner:
     """Owns the optimiser and scheduler of `model`; `step(batch)` is one RL update."""
 
@@ -70,6 +80,8 @@ class Learner:
         self.temperature = temperature
         self.ref_model = ref_model
         self.max_grad_norm = train.max_grad_norm
+        if train.activation_checkpointing:
+            enable_activation_checkpointing(model)
         trainable = [p for p in model.parameters() if p.requires_grad]  # only the adapters under LoRA
         self.optimizer = torch.optim.AdamW(trainable, lr=train.lr, weight_decay=train.weight_decay)
         warm = max(1, train.warmup_lr_steps)

@@ -136,3 +136,29 @@ def test_exact_optimal_and_gradient_diagnostics_run_on_the_tiny_model(model) -> 
     assert metrics["grad/exact_pg_variance"] > 0
     assert -1.0 <= metrics["grad/proxy_spearman"] <= 1.0
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_activation_checkpointing_gives_the_same_gradient(tiny_model_dir) -> None:
+    """Checkpointing recomputes the same layers in backward, so the minibatch gradient is the same
+    computation: equal up to float32 rounding of the recomputation (same kernels, same shapes, so
+    normally bit for bit; 1e-6 of the largest entry allows for a kernel that is not), and the
+    scoring pass (no grad, eval mode) is untouched."""
+    batch = make_batch([1, 0, 1, 0, 0, 1], [0, 0, 0, 1, 1, 1])
+    grads, log_probs = [], []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        m, _ = load_model_and_tokenizer(tiny_model_dir)
+        learner = Learner(
+            m, AlgoConfig(micro_batch_size=3), TrainConfig(lr=1e-3, activation_checkpointing=checkpointing)
+        )
+        assert m.is_gradient_checkpointing is checkpointing
+        captured: list[torch.Tensor] = []
+        learner.optimizer.step = lambda *a, _m=m, _c=captured, **k: _c.append(  # type: ignore[method-assign]
+            torch.cat([p.grad.flatten().clone() for p in _m.parameters()])
+        )
+        scored, _ = learner.step(batch)
+        grads.append(captured[0])
+        log_probs.append(scored.scores.trainer_log_probs)
+    assert torch.equal(log_probs[0], log_probs[1])
+    scale = float(grads[0].abs().max())
+    assert scale > 0 and torch.allclose(grads[0], grads[1], rtol=0, atol=1e-6 * scale)
