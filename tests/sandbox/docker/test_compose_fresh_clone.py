@@ -57,11 +57,11 @@ def fresh_stack(docker_client, tmp_path_factory):
         SANDBOX_MEM_LIMIT="2g",
     )
     t0 = time.monotonic()
-    up = _run(["docker", "compose", "up", "-d", "--wait", "sandbox", "gateway"], clone, env, 1800)
+    up = _run(["docker", "compose", "up", "-d", "--wait", "--build", "sandbox", "gateway"], clone, env, 1800)
     took = time.monotonic() - t0
     try:
         assert up.returncode == 0, f"compose up failed:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}"
-        print(f"fresh clone: `docker compose up -d --wait sandbox gateway` took {took:.0f} s")
+        print(f"fresh clone: `docker compose up -d --wait --build sandbox gateway` took {took:.0f} s")
         yield clone, env, f"http://127.0.0.1:{port}"
     finally:
         _run(["docker", "compose", "down", "-v", "--remove-orphans", "--timeout", "20"], clone, env, 300)
