@@ -65,6 +65,16 @@ def load_model_and_tokenizer(
     return model, load_tokenizer(path)
 
 
+def load_policy(cfg: Config, path: str | Path) -> tuple[Any, Any]:
+    """The policy the trainer updates: the model at `path`, with LoRA adapters when cfg asks for them."""
+    model, tokenizer = load_model_and_tokenizer(path, cfg.model.dtype, cfg.model.device)
+    if cfg.model.lora.rank:
+        from agent_rl.lora import apply_lora
+
+        model = apply_lora(model, cfg.model.lora)
+    return model, tokenizer
+
+
 def seed_everything(seed: int) -> None:
     import numpy as np
     import torch

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_rl.checkpoint import latest_checkpoint, read_policy_weights
 from agent_rl.config import Config, ConfigError, load_config
+from agent_rl.lora import load_policy_state, sampler_weights
 
 if TYPE_CHECKING:
     from agent_rl.build import TaskSplits
@@ -53,13 +54,13 @@ def evaluate_policy(cfg: Config, n: int, checkpoint: Path | None = None) -> dict
     build.set_cpu_threads(cfg.model.cpu_threads)
     build.seed_everything(cfg.train.seed)
     model_path = build.resolve_model_path(cfg)
-    model, tokenizer = build.load_model_and_tokenizer(model_path, cfg.model.dtype, cfg.model.device)
+    model, tokenizer = build.load_policy(cfg, model_path)
     if checkpoint is not None:
-        model.load_state_dict(read_policy_weights(checkpoint))
+        load_policy_state(model, read_policy_weights(checkpoint))
     model.eval().requires_grad_(False)
     engine = build.make_engine(cfg, model_path, model=model, tokenizer=tokenizer)
     if checkpoint is not None and cfg.rollout.engine != "hf":
-        engine.update_weights(model.state_dict())  # vLLM loaded the base weights from model_path
+        engine.update_weights(sampler_weights(model))  # vLLM loaded the base weights from model_path
     sandbox = build.make_sandbox(cfg.sandbox)
     try:
         collector = Collector(

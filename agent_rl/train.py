@@ -28,6 +28,7 @@ from agent_rl.config import Config, ConfigError, dump_config, load_config
 from agent_rl.dynamic_sampling import collect_informative
 from agent_rl.evaluate import evaluate_greedy
 from agent_rl.learner import Learner
+from agent_rl.lora import sampler_weights
 from agent_rl.metrics import MetricsLogger, WandbSink, write_plots
 from agent_rl.progress import RunProgress
 from agent_rl.rollout.trajectory import Trajectory, TrajectoryWriter
@@ -55,9 +56,7 @@ class Trainer:
         build.seed_everything(cfg.train.seed)
         torch.use_deterministic_algorithms(True, warn_only=True)
         self.model_path = build.resolve_model_path(cfg)
-        self.model, self.tokenizer = build.load_model_and_tokenizer(
-            self.model_path, cfg.model.dtype, cfg.model.device
-        )
+        self.model, self.tokenizer = build.load_policy(cfg, self.model_path)
         self.learner = self._make_learner()
         self.sandbox = build.make_sandbox(cfg.sandbox)
         self.make_env = build.env_factory(cfg, self.sandbox)
@@ -114,7 +113,10 @@ class Trainer:
         """Hand the policy's current weights to the rollout engine: this process's model, or learner
         rank 0's (an object-store reference, so they do not travel through the driver)."""
         if isinstance(self.learner, Learner):
-            self.sampler.update_weights(self.model.state_dict())
+            # The in-process HF engine samples with this very module (adapters and all); every other
+            # sampler holds the plain architecture and gets merged weights under LoRA.
+            shared = self.cfg.rollout.engine == "hf" and self.cfg.scale.backend == "local"
+            self.sampler.update_weights(self.model.state_dict() if shared else sampler_weights(self.model))
         else:
             self.sampler.update_weights(self.learner.weights_ref())
 
