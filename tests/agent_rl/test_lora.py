@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-if os.environ.get("CI") != "true":  # CI installs peft ([all]): a skip there would hide a failure
-    pytest.importorskip("peft")
+pytest.importorskip("torch")
+
+import torch
 
 from agent_rl.build import load_model_and_tokenizer
 from agent_rl.config import ConfigError, LoraConfig, build_config
@@ -19,6 +19,9 @@ from agent_rl.lora import apply_lora, load_policy_state, policy_state, sampler_w
 from agent_rl.metrics import read_metrics
 from agent_rl.train import Trainer
 from tests.agent_rl.test_train import COMPARED_PREFIXES, SMALL
+
+if os.environ.get("CI") != "true":  # CI installs peft ([all]): a skip there would hide a failure
+    pytest.importorskip("peft")
 
 
 def _lora_model(tiny_model_dir: Path) -> torch.nn.Module:
