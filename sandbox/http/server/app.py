@@ -22,7 +22,7 @@ import anyio
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandbox import languages
@@ -113,7 +113,7 @@ v1 = APIRouter(
     prefix="/v1",
     dependencies=[Depends(require_token)],
     tags=["v1"],
-    responses=error_responses(401, 413, 422, 429, 503),
+    responses=error_responses(400, 401, 413, 422, 429, 503),
 )
 
 
@@ -267,7 +267,7 @@ async def _run_cells(state: ServerState, body: RunJupyterRequest, per_cell: floa
     return jupyter_response(results, time.monotonic() - t0, timed_out, fetched)
 
 
-@fusion.post("/run_jupyter", response_model=RunJupyterResponse)
+@fusion.post("/run_jupyter", response_model=RunJupyterResponse, responses=error_responses(429))
 async def run_jupyter(state: StateDep, body: RunJupyterRequest) -> Any:
     """SandboxFusion's notebook run: ``cells`` in one persistent Python session, in order."""
     for cell in body.cells:
@@ -337,7 +337,12 @@ async def redoc_docs() -> Response:
     return get_redoc_html(openapi_url="/openapi.json", title="agent-rl sandbox")
 
 
-@ops.get("/metrics", dependencies=[Depends(require_token)], responses=error_responses(401))
+@ops.get(
+    "/metrics",
+    dependencies=[Depends(require_token)],
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}, **error_responses(401)},
+)
 async def metrics(state: StateDep) -> Response:
     state.refresh_gauges()
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -23,7 +23,7 @@ class ErrorOut(BaseModel):
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` for these error statuses, so the schema documents what is answered."""
     what = {
-        400: "Bad request (e.g. an unsupported language)",
+        400: "Bad request: a body that is not UTF-8 JSON, or an unsupported language",
         401: "Missing or wrong bearer token",
         404: "Unknown session (expired, deleted, or never created)",
         409: "The session was closed while this execution ran: it was cancelled",
