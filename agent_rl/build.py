@@ -194,6 +194,8 @@ def collector_configs(cfg: Config) -> CollectorConfigs:
         "max_total_tokens": rollout.max_total_tokens,
         "max_tool_tokens": rollout.max_tool_tokens,
         "deterministic": rollout.deterministic_batching,
+        "chat_delta": cfg.model.chat_delta,
+        "chat_template_kwargs": dict(cfg.model.chat_template_kwargs),
     }
     return CollectorConfigs(
         train=CollectorConfig(sampling=sampling, **budgets),

@@ -47,6 +47,12 @@ class ModelConfig(Section):
     measured here, a tiny-model warm-up ran 16x faster with 1 thread than with 2 while sandbox
     workers and other processes competed for the same 2 cores (OpenMP threads spin-wait)."""
     lora: LoraConfig = Field(default_factory=LoraConfig)
+    chat_delta: Literal["auto", "append", "anchor"] = "auto"
+    """How env replies are tokenised after a policy turn (docs/chat_templates.md): 'append' needs an
+    append-only template; 'anchor' also handles templates that rewrite earlier turns (Qwen3's think
+    block); 'auto' picks per render. Sampled ids are kept verbatim in every mode."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra chat-template variables, e.g. {enable_thinking: false} for Qwen3."""
 
 
 class SandboxConfig(Section):

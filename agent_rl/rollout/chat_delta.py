@@ -13,6 +13,17 @@ the text the template inserts after an assistant turn; only that difference is t
 reference contains no reasoning block, so templates that rewrite past reasoning render it the
 same both times. The assistant turn's closing text (e.g. "<|im_end|>\n") belongs to the delta
 too, minus the eos when the policy already sampled it.
+
+Templates that are not append-only (Qwen3 renders an empty ``<think>\n\n</think>\n\n`` into the
+LAST assistant turn only) render the reference differently once messages follow it, so the
+"difference of two renders" is ill-defined. Mode ``anchor`` handles them: it renders the reference
+plus the new messages once, finds the reference assistant's content (a unique marker) in that
+render, and takes everything after it: the closing, the new messages and the generation prompt,
+exactly as the template writes them after an assistant turn that is not last. Whatever the
+template rewrites BEFORE the marker is never used, and the policy's sampled ids are never touched.
+Modes (``model.chat_delta`` in the config): ``append`` (strict: refuses non-append-only
+templates), ``anchor``, and ``auto`` (default: ``append`` when the template is prefix-stable on
+the reference, else ``anchor``; for an append-only template both give the same ids).
 """
 
 from __future__ import annotations
@@ -27,6 +38,9 @@ DEFAULT_REFERENCE: tuple[dict[str, str], ...] = (
     {"role": "user", "content": "reference user"},
     {"role": "assistant", "content": REFERENCE_ASSISTANT},
 )
+
+
+CHAT_DELTA_MODES = ("auto", "append", "anchor")
 
 
 class ChatTemplateError(ValueError):
@@ -50,9 +64,19 @@ class ChatDelta:
         tokenizer: Any,
         reference: Sequence[Mapping[str, str]] = DEFAULT_REFERENCE,
         chat_template: str | None = None,
+        mode: str = "auto",
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        if mode not in CHAT_DELTA_MODES:
+            raise ValueError(f"chat_delta mode must be one of {CHAT_DELTA_MODES}, got {mode!r}")
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        self.mode = mode
+        self.tools = [dict(t) for t in tools] if tools else None
+        """JSON function schemas passed as `tools=` to every render (prompt and deltas alike)."""
+        self.template_kwargs = dict(template_kwargs or {})
+        """Extra template variables, e.g. {"enable_thinking": False} for Qwen3."""
         self.reference = [dict(m) for m in reference]
         if not self.reference or self.reference[-1]["role"] != "assistant":
             raise ChatTemplateError("the reference conversation must end with an assistant message")
@@ -71,11 +95,15 @@ class ChatDelta:
         )
 
     def _render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
+        kwargs = dict(self.template_kwargs)
+        if self.tools:
+            kwargs["tools"] = self.tools
         return self.tokenizer.apply_chat_template(
             list(messages),
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             chat_template=self.chat_template,
+            **kwargs,
         )
 
     def encode(self, text: str) -> list[int]:
@@ -90,13 +118,35 @@ class ChatDelta:
         if not new_messages:
             raise ValueError("the env returned no new messages; a multi-turn env must reply to each turn")
         full = self._render([*self.reference, *new_messages], add_generation_prompt=True)
-        if not full.startswith(self._base):
+        if full.startswith(self._base) and self.mode != "anchor":
+            closing = self._closing_after_eos if policy_ended_with_eos else self._closing
+            return self.encode(closing + full[len(self._base) :])
+        if self.mode == "append":
             raise ChatTemplateError(
                 "the chat template renders the reference conversation differently once new messages follow "
-                "it, so the delta is ill-defined; choose a reference whose rendering the template keeps"
+                "it (not append-only, e.g. Qwen3's think block); set model.chat_delta to 'anchor' or 'auto'"
             )
-        closing = self._closing_after_eos if policy_ended_with_eos else self._closing
-        return self.encode(closing + full[len(self._base) :])
+        return self.encode(self._after_anchor(full, policy_ended_with_eos))
+
+    def _after_anchor(self, full: str, policy_ended_with_eos: bool) -> str:
+        """The text after the reference assistant's content in `full`, less an eos already sampled."""
+        marker = self.reference[-1]["content"]
+        at = full.find(marker)
+        if at < 0 or full.find(marker, at + 1) >= 0:
+            raise ChatTemplateError(
+                "the chat template does not render the reference assistant message exactly once when "
+                "messages follow it, so the delta cannot be anchored; pass another reference"
+            )
+        tail = full[at + len(marker) :]
+        eos = self.tokenizer.eos_token or ""
+        if policy_ended_with_eos and eos:
+            if not tail.startswith(eos):
+                raise ChatTemplateError(
+                    f"the template does not close an assistant turn with the eos token {eos!r}; the "
+                    "policy's sampled eos would be duplicated or misplaced"
+                )
+            tail = tail[len(eos) :]
+        return tail
 
     def truncate_tool_messages(
         self, messages: Sequence[Mapping[str, Any]], max_tokens: int

@@ -81,6 +81,11 @@ class CollectorConfig:
     """The adaptive wait as a fraction of the recent engine-call duration (with batch_wait_s=None)."""
     chat_template: str | None = None
     """Override of the tokenizer's chat template (None = the tokenizer's own)."""
+    chat_delta: str = "auto"
+    """How env replies become tokens (agent_rl.rollout.chat_delta): 'auto', 'append' or 'anchor'.
+    'auto' handles templates that are not append-only (Qwen3's think block)."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra chat-template variables for every render, e.g. {"enable_thinking": False} (Qwen3)."""
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -270,7 +275,13 @@ class Collector:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config or CollectorConfig()
-        self.delta = ChatDelta(tokenizer, reference, chat_template=self.config.chat_template)
+        self.delta = ChatDelta(
+            tokenizer,
+            reference,
+            chat_template=self.config.chat_template,
+            mode=self.config.chat_delta,
+            template_kwargs=self.config.chat_template_kwargs,
+        )
         if isinstance(env_factory, str):
             import gymnasium
 

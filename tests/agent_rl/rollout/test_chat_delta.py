@@ -65,11 +65,26 @@ def test_non_append_only_template_gives_a_stable_delta(tokenizer: Any) -> None:
     assert not render([*CONVERSATION, assistant, *TOOL]).startswith(render([*CONVERSATION, assistant]))
 
 
-def test_template_that_rewrites_the_reference_is_refused(tokenizer: Any) -> None:
+def test_template_that_rewrites_the_reference_is_refused_in_append_mode(tokenizer: Any) -> None:
     counting = "{{ messages|length }}" + tokenizer.chat_template
-    delta = ChatDelta(tokenizer, chat_template=counting)
+    strict = ChatDelta(tokenizer, chat_template=counting, mode="append")
     with pytest.raises(ChatTemplateError, match="renders the reference conversation differently"):
-        delta.delta_ids(TOOL, True)
+        strict.delta_ids(TOOL, True)
+    # 'auto' (the default) anchors on the reference assistant's content: what follows it is the same.
+    assert ChatDelta(tokenizer, chat_template=counting).delta_ids(TOOL, True) == ChatDelta(
+        tokenizer
+    ).delta_ids(TOOL, True)
+
+
+def test_anchor_mode_refuses_a_template_that_drops_the_marker(tokenizer: Any) -> None:
+    dropping = tokenizer.chat_template.replace("message['content']", "message['content'][:3]")
+    with pytest.raises(ChatTemplateError):
+        ChatDelta(tokenizer, chat_template=dropping, mode="anchor")
+
+
+def test_unknown_mode_is_refused(tokenizer: Any) -> None:
+    with pytest.raises(ValueError, match="chat_delta mode"):
+        ChatDelta(tokenizer, mode="rerender")
 
 
 def test_reference_must_end_with_an_assistant_turn(tokenizer: Any) -> None:
