@@ -1,7 +1,9 @@
 """Reading a final answer out of the assistant's text: `\\boxed{...}` or `<answer>...</answer>`.
 
 Only the prose counts: code blocks and tool calls are removed first, so `print("\\\\boxed{1}")`
-inside a code block is not mistaken for an answer. The last answer wins, as in MATH-style graders.
+inside a code block is not mistaken for an answer; so is reasoning (`<think>...</think>`), where a
+reasoning model tries candidate answers before it checks them with a tool. The last answer wins,
+as in MATH-style graders.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import re
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
 
 
 def _boxed_spans(text: str) -> list[tuple[int, str]]:
@@ -38,8 +41,20 @@ def find_boxed(text: str) -> list[str]:
     return [content for _, content in _boxed_spans(text)]
 
 
+def strip_reasoning(text: str) -> str:
+    """`text` without its reasoning: every `<think>...</think>` block, an unclosed `<think>` to the
+    end (still thinking), and everything before a `</think>` whose `<think>` was in the prompt
+    (templates that open the block in the generation prompt, as DeepSeek-R1's and Qwen3's can)."""
+    close = text.rfind("</think>")
+    if close >= 0 and "<think>" not in text[:close]:
+        text = text[close + len("</think>") :]
+    return _THINK.sub("", text)
+
+
 def extract_final_answer(prose: str) -> str | None:
-    """The last boxed or tagged answer in `prose`, stripped; None when there is none."""
+    """The last boxed or tagged answer in `prose` outside reasoning blocks, stripped; None when
+    there is none."""
+    prose = strip_reasoning(prose)
     candidates = [(m.start(), m.group(1)) for m in _ANSWER_TAG.finditer(prose)]
     candidates += _boxed_spans(prose)
     if not candidates:

@@ -121,3 +121,18 @@ def test_hermes_any_json_payload_is_call_or_error(payload: object) -> None:
         assert turn.calls and turn.calls[0].name == payload["name"]
     if not ok:
         assert turn.errors
+
+
+def test_an_answer_inside_reasoning_is_not_the_answer() -> None:
+    """A reasoning model tries `\\boxed{}` candidates in <think> before it checks them with a tool:
+    they must neither end the episode nor be graded (issue 16)."""
+    assert extract_final_answer("<think>maybe \\boxed{12}?</think>Let me check with the tool.") is None
+    assert extract_final_answer("<think>try \\boxed{1}</think>So \\boxed{2}.") == "2"
+    assert extract_final_answer("<think>still going, \\boxed{3} perhaps") is None  # unclosed: thinking
+    # the template opened the block in the generation prompt: only text after </think> counts
+    assert extract_final_answer("guess \\boxed{4}</think>checked: <answer>5</answer>") == "5"
+    assert extract_final_answer("no reasoning at all: \\boxed{6}") == "6"
+    turn = HermesFormat().parse(
+        '<think>\\boxed{7}?</think><tool_call>{"name": "python", "arguments": {"code": "print(7)"}}</tool_call>'
+    )
+    assert turn.answer is None and len(turn.items) == 1  # the call runs; the episode goes on
