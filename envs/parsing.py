@@ -136,8 +136,12 @@ class HermesFormat(ToolFormat):
             items.append(self._parse_one(match.group(1), match.group(0)))
         rest = text[pos:]
         if "<tool_call>" in rest:
-            prose_parts.append(rest[: rest.index("<tool_call>")])
-            items.append(ParsedItem(error=f"Error: unclosed <tool_call>; {_HERMES_HINT}."))
+            at = rest.index("<tool_call>")
+            prose_parts.append(rest[:at])
+            # The output ended inside the call (a stop string cut `</tool_call>` off, or the turn's
+            # token budget): a complete JSON call is recovered, as vLLM's hermes parser does.
+            last = self._parse_one(rest[at + len("<tool_call>") :], rest[at:])
+            items.append(last if last.call else ParsedItem(error=f"Error: unclosed <tool_call>; {_HERMES_HINT}."))
         else:
             prose_parts.append(rest)
         return ParsedTurn(items=items, answer=extract_final_answer("".join(prose_parts)))

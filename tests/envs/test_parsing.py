@@ -136,3 +136,11 @@ def test_an_answer_inside_reasoning_is_not_the_answer() -> None:
         '<think>\\boxed{7}?</think><tool_call>{"name": "python", "arguments": {"code": "print(7)"}}</tool_call>'
     )
     assert turn.answer is None and len(turn.items) == 1  # the call runs; the episode goes on
+
+
+def test_a_hermes_call_cut_before_its_closing_tag_is_recovered() -> None:
+    """A stop string or the token budget can cut `</tool_call>` off a complete call."""
+    turn = HermesFormat().parse('Let me run it. <tool_call>{"name": "python", "arguments": {"code": "1"}}')
+    assert [i.call.name for i in turn.items if i.call] == ["python"] and not turn.errors
+    cut = HermesFormat().parse('<tool_call>{"name": "python", "argu')  # cut mid-JSON: still an error
+    assert cut.items[0].call is None and "unclosed <tool_call>" in cut.errors[0]
