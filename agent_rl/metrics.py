@@ -234,7 +234,7 @@ def write_plots(run_dir: Path) -> list[Path]:
     for name, panel in PANELS.items():
         fig, ax = plt.subplots(figsize=(5, 3.2), dpi=110)
         if panel(ax, rows):
-            out.append(_save(fig, ax, folder / name))
+            out.append(_save(fig, [ax], folder / name))
         plt.close(fig)
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.4), dpi=110)
     drawn = [panel(ax, rows) for ax, panel in zip(axes.flat, PANELS.values())]
@@ -248,7 +248,7 @@ def write_plots(run_dir: Path) -> list[Path]:
 
 
 def _save(fig: Any, axes: Any, path: Path) -> Path:
-    for ax in axes if hasattr(axes, "__iter__") else [axes]:
+    for ax in axes:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)

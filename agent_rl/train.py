@@ -181,11 +181,12 @@ class Trainer:
         tasks = self.tasks.reset_options(
             "train", cfg.rollout.prompts_per_step, first=self.task_cursor, wrap=True
         )
-        trajs, retries = self._collect(tasks, seed=cfg.train.seed * 1_000_003 + self.step)
+        seed = cfg.train.seed * 1_000_003 + self.step  # every sampling seed of this step derives from it
+        trajs, retries = self._collect(tasks, seed=seed)
         self.task_cursor += cfg.rollout.prompts_per_step
         dynamic: dict[str, float] = {}
         if cfg.algo.dynamic_sampling:
-            trajs, dynamic = self._informative(trajs, seed=cfg.train.seed * 1_000_003 + self.step)
+            trajs, dynamic = self._informative(trajs, seed=seed)
         t1 = time.perf_counter()
         if any(t.valid for t in trajs):
             metrics = self._update(trajs)

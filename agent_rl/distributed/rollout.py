@@ -381,8 +381,9 @@ class RayCollector:
         trajectories, self.last_stats = self.rollout.collect(
             self.key, self.config, list(tasks), group_size, call_seed, on_submitted=on_submitted
         )
-        for _ in trajectories if on_episode is not None else ():
-            on_episode()
+        if on_episode is not None:
+            for _ in trajectories:
+                on_episode()
         return trajectories
 
 

@@ -18,7 +18,7 @@ from agent_rl.config import ConfigError, LoraConfig, build_config
 from agent_rl.lora import apply_lora, load_policy_state, policy_state, sampler_weights
 from agent_rl.metrics import read_metrics
 from agent_rl.train import Trainer
-from tests.agent_rl.test_train import COMPARED_PREFIXES, SMALL
+from tests.agent_rl.test_train import SMALL, _compared
 
 if os.environ.get("CI") != "true":  # CI installs peft ([all]): a skip there would hide a failure
     pytest.importorskip("peft")
@@ -84,14 +84,6 @@ def _run(tiny_model_dir: Path, out: Path, name: str, steps: int, *extra: str) ->
     trainer = Trainer(build_config({}, sets))
     trainer.fit()
     return trainer
-
-
-def _compared(run: Path) -> dict[int, dict[str, float]]:
-    return {
-        r["step"]: {k: v for k, v in r.items() if k.startswith(COMPARED_PREFIXES)}
-        for r in read_metrics(run)
-        if "losses/loss" in r
-    }
 
 
 @pytest.mark.slow

@@ -28,7 +28,6 @@ from sandbox import LocalSandbox
 from sandbox.http.server import create_app
 from sandbox.http.settings import SandboxSettings
 from sandbox.result import SandboxUnavailable
-from tests.sandbox.conftest import need_bwrap
 
 TOKEN = "compat-token"
 REPO = Path(__file__).resolve().parents[3]
@@ -95,21 +94,13 @@ def score(answer: dict[str, Any] | None, error: str | None, expected: str) -> bo
     return -1
 
 
-@pytest.fixture(scope="module")
-def box() -> Iterator[LocalSandbox]:
-    need_bwrap()
-    b = LocalSandbox(pool_size=2, isolation="bwrap")
-    yield b
-    b.close()
-
-
-def client(box: LocalSandbox, **settings: Any) -> TestClient:
-    return TestClient(create_app(SandboxSettings(auth_token=TOKEN, **settings), sandbox=box))
+def client(sb: LocalSandbox, **settings: Any) -> TestClient:
+    return TestClient(create_app(SandboxSettings(auth_token=TOKEN, **settings), sandbox=sb))
 
 
 @pytest.fixture(scope="module")
-def http(box: LocalSandbox) -> Iterator[TestClient]:
-    with client(box) as c:
+def http(sb: LocalSandbox) -> Iterator[TestClient]:
+    with client(sb) as c:
         yield c
 
 
@@ -211,16 +202,16 @@ def _concurrently(n: int, fn: Callable[[int], Any]) -> list[Any]:
     return out
 
 
-def test_overload_queues_instead_of_refusing(box: LocalSandbox) -> None:
+def test_overload_queues_instead_of_refusing(sb: LocalSandbox) -> None:
     """One running slot, four requests at once: all wait their turn and all are answered 200."""
-    with client(box, max_concurrent_executions=1, fusion_queue_wait_s=30) as http:
+    with client(sb, max_concurrent_executions=1, fusion_queue_wait_s=30) as http:
         code = "import time; time.sleep(0.3); print('done')"
         answers = _concurrently(4, lambda i: VerlClient(http, f"/{TOKEN}/run_code").call(code))
     assert [score(a, e, "done") for a, e in answers] == [True] * 4
 
 
-def test_past_the_queue_bound_the_answer_is_504_which_verl_retries(box: LocalSandbox) -> None:
-    with client(box, max_concurrent_executions=1, fusion_queue_wait_s=0.2) as http:
+def test_past_the_queue_bound_the_answer_is_504_which_verl_retries(sb: LocalSandbox) -> None:
+    with client(sb, max_concurrent_executions=1, fusion_queue_wait_s=0.2) as http:
         code = "import time; time.sleep(1.5); print('done')"
         clients = [VerlClient(http, f"/{TOKEN}/run_code", sleep=lambda s: time.sleep(s)) for _ in range(2)]
         answers = _concurrently(2, lambda i: (time.sleep(0.3 * i), clients[i].call(code))[1])
@@ -231,8 +222,8 @@ def test_past_the_queue_bound_the_answer_is_504_which_verl_retries(box: LocalSan
         assert r.status_code == 200  # idle again
 
 
-def test_504_carries_retry_after(box: LocalSandbox) -> None:
-    with client(box, max_concurrent_executions=1, fusion_queue_wait_s=0.1) as http:
+def test_504_carries_retry_after(sb: LocalSandbox) -> None:
+    with client(sb, max_concurrent_executions=1, fusion_queue_wait_s=0.1) as http:
         slow = threading.Thread(
             target=lambda: http.post(f"/{TOKEN}/run_code", json={"code": "import time; time.sleep(1.5)"})
         )
@@ -255,8 +246,8 @@ def test_token_as_path_prefix_authenticates_header_less_clients(http: TestClient
     assert http.post(f"/{TOKEN}/v1/execute", json={"code": "6 * 7"}).json()["value"] == "42"
 
 
-def test_path_token_can_be_turned_off(box: LocalSandbox) -> None:
-    with client(box, token_in_path=False) as http:
+def test_path_token_can_be_turned_off(sb: LocalSandbox) -> None:
+    with client(sb, token_in_path=False) as http:
         assert http.post(f"/{TOKEN}/run_code", json={"code": "print(1)"}).status_code in (401, 404)
 
 
@@ -290,12 +281,12 @@ def test_return_codes_match_a_script(http: TestClient) -> None:
 
 
 # -- 9. SandboxError is HTTP 200 ----------------------------------------------------------------
-def test_sandbox_failure_is_200_with_status_sandboxerror(box: LocalSandbox, monkeypatch) -> None:
+def test_sandbox_failure_is_200_with_status_sandboxerror(sb: LocalSandbox, monkeypatch) -> None:
     async def broken(*args: Any, **kwargs: Any) -> Any:
         raise SandboxUnavailable("worker could not start (simulated)")
 
-    with client(box) as http:
-        monkeypatch.setattr(box, "run_async", broken)
+    with client(sb) as http:
+        monkeypatch.setattr(sb, "run_async", broken)
         verl = VerlClient(http, f"/{TOKEN}/run_code")
         answer, error = verl.call("print(1)")
         monkeypatch.undo()
