@@ -108,6 +108,16 @@ class RolloutConfig(Section):
     engine (same log-probs as re-prefilling, to float rounding), prefix caching in vllm."""
     vllm_gpu_memory_utilization: float = Field(0.4, gt=0, lt=1)
     """engine=vllm on a GPU: the share of GPU memory vLLM may take beside the trainer (ignored on CPU)."""
+    async_steps: int = Field(0, ge=0, le=1)
+    """0 = synchronous: collect, then update, on the same weights (exactly on-policy; the default).
+    1 = one-step-off-policy pipelining (docs/async.md): step t+1's rollouts are collected, from a
+    frozen copy of the weights, while step t updates, so a step costs about max(rollout, update)
+    instead of their sum; samples are then one policy version old, and algo.is_correction 'auto'
+    becomes 'token' to correct for it. The in-process hf engine then samples with a second copy of
+    the model (2x the weights' memory)."""
+    max_staleness: int = Field(1, ge=0)
+    """Most policy versions a sample may lag the learner; older ones are dropped before the update
+    (metric async/dropped_stale). Must be >= async_steps."""
 
 
 class AlgoConfig(Section):
@@ -159,6 +169,12 @@ class AlgoConfig(Section):
     """Optimiser steps per rollout batch (per epoch)."""
     micro_batch_size: int = Field(16, ge=1)
     """Sequences per forward/backward; gradients accumulate over a minibatch."""
+    pack_tokens: int | None = Field(None, ge=1)
+    """Sequence packing (agent_rl/packing.py, docs/learner_memory.md): the rows of each micro-batch
+    are laid end to end in packed rows of at most this many tokens (first-fit-decreasing; a longer
+    row gets a packed row alone), each with its own positions and a block-diagonal causal mask,
+    instead of all being padded to the longest row. Same gradients up to float rounding. None =
+    off (default for now: the quickstart's learning curve is sensitive to that rounding)."""
 
     @field_validator("is_correction", mode="before")
     @classmethod
@@ -280,7 +296,15 @@ class Config(Section):
     def _resolve_engine_defaults(self) -> Config:
         """is_correction 'auto' and the overlong ramp's budget depend on the rollout section."""
         if self.algo.is_correction == "auto":
-            self.algo.is_correction = "token" if self.rollout.engine == "vllm" else "off"
+            # Pipelined samples come from the previous weights: off-policy even on the hf engine.
+            stale = self.rollout.async_steps > 0
+            self.algo.is_correction = "token" if self.rollout.engine == "vllm" or stale else "off"
+        if self.rollout.max_staleness < self.rollout.async_steps:
+            raise ValueError(
+                f"rollout.max_staleness={self.rollout.max_staleness} would drop every pipelined batch "
+                f"(rollout.async_steps={self.rollout.async_steps} samples that many versions behind); "
+                "set max_staleness >= async_steps"
+            )
         if self.algo.overlong_max_tokens is None:
             self.algo.overlong_max_tokens = self.rollout.max_total_tokens
         if self.algo.overlong_buffer >= self.algo.overlong_max_tokens:

@@ -30,6 +30,7 @@ from agent_rl.evaluate import evaluate_greedy
 from agent_rl.learner import Learner
 from agent_rl.lora import sampler_weights
 from agent_rl.metrics import MetricsLogger, WandbSink, write_plots
+from agent_rl.pipeline import Collected, Prefetch, drop_stale, staleness_metrics
 from agent_rl.progress import RunProgress
 from agent_rl.rollout.trajectory import Trajectory, TrajectoryWriter
 
@@ -75,6 +76,12 @@ class Trainer:
         self.retry_backoff_s: tuple[float, ...] = (5.0, 20.0, 60.0)
         """Waits before collecting a step again when all its episodes failed (e.g. the sandbox is
         restarting); after the last one the step is skipped and training goes on."""
+        self.policy_version = 0
+        """RL updates applied to the learner's weights (skipped steps apply none); checkpointed."""
+        self.sampler_version = 0
+        """The policy version the sampler holds: set by publish_weights."""
+        self.prefetch = Prefetch() if cfg.rollout.async_steps else None
+        """The next step's collection in flight under pipelining (agent_rl.pipeline); None = synchronous."""
 
     def _make_learner(self) -> Learner | RayLearner:
         cfg = self.cfg
@@ -103,7 +110,12 @@ class Trainer:
         else:
             from agent_rl.rollout import Collector
 
-            engine = build.make_engine(cfg, self.model_path, model=self.model, tokenizer=self.tokenizer)
+            policy = self.model
+            if cfg.rollout.async_steps and cfg.rollout.engine == "hf":
+                # Pipelined collection samples while the learner updates: it needs frozen weights of
+                # its own, which publish_weights refreshes once the collection in flight has ended.
+                policy = copy.deepcopy(self.model).eval().requires_grad_(False)
+            engine = build.make_engine(cfg, self.model_path, model=policy, tokenizer=self.tokenizer)
             self.sampler = engine
             self.collector = Collector(engine, self.tokenizer, self.make_env, configs.train)
             self.eval_collector = Collector(engine, self.tokenizer, self.make_env, configs.eval)
@@ -119,14 +131,21 @@ class Trainer:
             self.sampler.update_weights(self.model.state_dict() if shared else sampler_weights(self.model))
         else:
             self.sampler.update_weights(self.learner.weights_ref())
+        self.sampler_version = self.policy_version
 
     def save(self) -> Path:
-        return save_checkpoint(
-            self.run_dir,
-            self.step,
-            learner=self.learner,
-            data={"task_cursor": self.task_cursor, "tokens_total": self.tokens_total},
-        )
+        data: dict[str, Any] = {
+            "task_cursor": self.task_cursor,
+            "tokens_total": self.tokens_total,
+            "policy_version": self.policy_version,
+        }
+        if self.prefetch is not None:
+            # The batch collected ahead is part of the state: resume trains on it exactly as it was
+            # sampled (from the previous weights) instead of re-sampling it from newer ones.
+            self.prefetch.wait()
+            pending = self.prefetch.peek()
+            data["pending"] = None if pending is None else pending.state()
+        return save_checkpoint(self.run_dir, self.step, learner=self.learner, data=data)
 
     def maybe_resume(self) -> bool:
         """Continue from the newest readable checkpoint, if resuming is on and there is one."""
@@ -137,6 +156,14 @@ class Trainer:
         self.step = rest["step"]
         self.task_cursor = rest["data"]["task_cursor"]
         self.tokens_total = rest["data"]["tokens_total"]
+        self.policy_version = rest["data"].get("policy_version", self.step)
+        pending = rest["data"].get("pending")
+        if self.prefetch is not None and pending is not None:
+            self.prefetch.restore(Collected.from_state(pending))
+        elif pending is not None:
+            log.warning(
+                "the checkpoint holds a batch collected ahead (pipelining); synchronous mode drops it"
+            )
         self.publish_weights()
         self.logger.truncate_after(self.step)
         return True
@@ -175,29 +202,89 @@ class Trainer:
             return evaluate_greedy(self.eval_collector, self.tasks, n, on_episode=done)
 
     def rl_step(self) -> dict[str, float]:
+        """One step: collect, update, publish the new weights (pipelined with rollout.async_steps)."""
+        if self.prefetch is not None:
+            return self._pipelined_step(self.prefetch)
+        got = self._collect_step(self.step, self.sampler_version)
+        t1 = time.perf_counter()
+        metrics = self._learn(got.trajectories)
+        t2 = time.perf_counter()
+        if self.sampler_version != self.policy_version:
+            self.publish_weights()
+        return self._finish_step(got, metrics, {"perf/rollout_s": got.rollout_s, "perf/update_s": t2 - t1})
+
+    def _pipelined_step(self, prefetch: Prefetch) -> dict[str, float]:
+        """Update on the batch collected during the previous step while the next one is collected
+        from the sampler's frozen weights; publish only once that collection is joined."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        got = prefetch.take() or self._collect_step(self.step, self.sampler_version)  # None: first step
+        trajs, dropped = drop_stale(got.trajectories, self.policy_version, cfg.rollout.max_staleness)
+        if dropped:
+            log.warning(
+                "step %d: dropped %d samples more than %d policy versions old",
+                self.step + 1,
+                len(dropped),
+                cfg.rollout.max_staleness,
+            )
+        stale = staleness_metrics(got, self.policy_version, len(dropped))
+        upcoming, version = self.step + 1, self.sampler_version
+        if upcoming < cfg.train.steps:
+            prefetch.submit(lambda: self._collect_step(upcoming, version))
+        t1 = time.perf_counter()
+        metrics = self._learn(trajs)
+        t2 = time.perf_counter()
+        waited = (t1 - t0) + prefetch.wait()
+        if self.sampler_version != self.policy_version:
+            self.publish_weights()
+        perf = {
+            "perf/rollout_s": got.rollout_s,
+            "perf/update_s": t2 - t1,
+            "perf/rollout_wait_s": waited,
+            "perf/step_s": time.perf_counter() - t0,
+        }
+        metrics.update(stale)
+        return self._finish_step(got, metrics, perf)
+
+    def _collect_step(self, step: int, version: int) -> Collected:
+        """Step `step`'s batch from the task cursor, sampled by the weights the sampler holds (policy
+        `version`). Under pipelining this runs in the background thread: nothing else touches the
+        cursor or the sampler meanwhile."""
         cfg = self.cfg
         t0 = time.perf_counter()
         # The training split, read in order and cycled (a dataset's epochs); the cursor is checkpointed.
         tasks = self.tasks.reset_options(
             "train", cfg.rollout.prompts_per_step, first=self.task_cursor, wrap=True
         )
-        seed = cfg.train.seed * 1_000_003 + self.step  # every sampling seed of this step derives from it
-        trajs, retries = self._collect(tasks, seed=seed)
+        seed = cfg.train.seed * 1_000_003 + step  # every sampling seed of this step derives from it
+        trajs, retries = self._collect(tasks, seed=seed, step=step)
         self.task_cursor += cfg.rollout.prompts_per_step
         dynamic: dict[str, float] = {}
         if cfg.algo.dynamic_sampling:
             trajs, dynamic = self._informative(trajs, seed=seed)
-        t1 = time.perf_counter()
+        for t in trajs:
+            t.policy_version = version
+        stats = self.collector.last_stats.as_metrics()
+        return Collected(trajs, version, retries, dynamic, stats, time.perf_counter() - t0)
+
+    def _learn(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """The update, or a logged skip when no episode is usable; bumps the policy version."""
         if any(t.valid for t in trajs):
             metrics = self._update(trajs)
-        else:  # every episode failed, even after the retries: nothing to learn from; the weights stay
-            log.warning("step %d: all %d episodes failed; skipping the update", self.step + 1, len(trajs))
-            metrics = {"train/skipped_step": 1.0}
-        t2 = time.perf_counter()
-        self.writer.write(self.step, trajs)
-        metrics.update(self._rollout_metrics(trajs))
-        metrics.update({"perf/rollout_retries": retries, "perf/rollout_s": t1 - t0, "perf/update_s": t2 - t1})
-        metrics.update(dynamic)
+            self.policy_version += 1
+            return metrics
+        # Every episode failed, even after the retries (or all were too stale): the weights stay.
+        log.warning("step %d: none of %d episodes is usable; skipping the update", self.step + 1, len(trajs))
+        return {"train/skipped_step": 1.0}
+
+    def _finish_step(
+        self, got: Collected, metrics: dict[str, float], perf: dict[str, float]
+    ) -> dict[str, float]:
+        """Write the step's trajectories and add the rollout, timing and dynamic-sampling metrics."""
+        self.writer.write(self.step, got.trajectories)
+        metrics.update(self._rollout_metrics(got.trajectories, got.stats))
+        metrics.update({"perf/rollout_retries": got.retries, **perf})
+        metrics.update(got.dynamic)
         return metrics
 
     def _informative(self, trajs: list[Trajectory], seed: int) -> tuple[list[Trajectory], dict[str, float]]:
@@ -217,10 +304,12 @@ class Trainer:
 
         result = collect_informative(trajs, more, n, cfg.algo.dynamic_sampling_max_rounds)
         spent = sum(t.num_policy_tokens + t.num_tool_tokens for t in result.dropped)
-        self.tokens_total += spent  # tokens/cumulative counts what was sampled, dropped or not
+        # tokens/cumulative counts what was sampled, dropped or not. Under pipelining this runs in the
+        # background thread, while the main thread leaves the counter alone (it reads it after the join).
+        self.tokens_total += spent
         return result.trajectories, {**result.metrics(cfg.rollout.group_size), "tokens/dropped": spent}
 
-    def _collect(self, tasks: list[dict[str, int]], seed: int) -> tuple[list[Trajectory], int]:
+    def _collect(self, tasks: list[dict[str, int]], seed: int, step: int) -> tuple[list[Trajectory], int]:
         """One step's trajectories; collected again after a wait when every episode failed (a sandbox
         outage fails them all at reset), up to len(retry_backoff_s) times. Returns them and the retries."""
         for retries, wait in enumerate((*self.retry_backoff_s, None)):
@@ -229,7 +318,7 @@ class Trainer:
                 return trajs, retries
             log.warning(
                 "step %d: all %d episodes failed (first: %s); collecting again in %gs",
-                self.step + 1,
+                step + 1,
                 len(trajs),
                 trajs[0].infra_error,
                 wait,
@@ -238,16 +327,15 @@ class Trainer:
         raise AssertionError("unreachable: the last attempt returns")
 
     def _update(self, trajs: list[Trajectory]) -> dict[str, float]:
-        """Score, advantages and the policy update on the collated batch; publish the new weights."""
+        """Score, advantages and the policy update on the collated batch (the caller publishes)."""
         every = self.cfg.train.grad_variance_every
         batch = collate(trajs, self.tokenizer.pad_token_id)
         scored, metrics = self.learner.step(batch, diagnose=bool(every) and self.step % every == 0)
-        self.publish_weights()
         for traj, adv in zip(trajs, scored.advantages):
             traj.advantages = adv[: len(traj.response_ids)].tolist()  # for the trajectory log
         return metrics
 
-    def _rollout_metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
+    def _rollout_metrics(self, trajs: list[Trajectory], stats: dict[str, float]) -> dict[str, float]:
         valid = [t for t in trajs if t.valid]
         policy_tokens = sum(t.num_policy_tokens for t in trajs)
         tool_tokens = sum(t.num_tool_tokens for t in trajs)
@@ -262,7 +350,7 @@ class Trainer:
             "tokens/tool": tool_tokens,
             "tokens/total": policy_tokens + tool_tokens,
             "tokens/cumulative": self.tokens_total,
-            **self.collector.last_stats.as_metrics(),
+            **stats,
         }
 
     def fit(self) -> dict[str, Any]:
@@ -282,6 +370,8 @@ class Trainer:
                 self.logger.log(0, summary["eval_before"])
             self._rl_steps()
             self.save()
+            if self.prefetch is not None:
+                self.prefetch.close()
             summary["eval_after"] = self.evaluate(cfg.env.eval_tasks, "after RL")
         self.logger.log(self.step, summary["eval_after"])
         summary["plots"] = [str(p) for p in write_plots(self.run_dir)]

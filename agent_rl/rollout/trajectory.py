@@ -72,6 +72,10 @@ class Trajectory:
     """Seconds: 'generate_wait' (waiting for the engine), 'env' (reset + steps), 'total'."""
     advantages: list[float] | None = None
     """Per response token, filled by the learner before writing (for `agent-rl inspect`)."""
+    policy_version: int | None = None
+    """How many updates the weights that sampled this episode had seen (set by the trainer; None
+    outside training). The learner's version minus this is the sample's staleness: 0 when
+    synchronous, 1 under one-step-off-policy pipelining (`rollout.async_steps`, docs/async.md)."""
 
     @property
     def num_turns(self) -> int:
