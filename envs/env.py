@@ -7,8 +7,8 @@ API (Gymnasium's exact signatures):
   Python sandbox session) and returns the first messages: ``[system, user]``.
 - ``step(action: str) -> (obs, reward, terminated, truncated, info)``:
 
-  - ``obs``: the NEW messages the agent sees next, e.g.
-    ``[{"role": "tool", "content": "```output\\n42\\n```"}]``; ``[]`` when the episode ends.
+  - ``obs``: the NEW messages the agent sees next (a tool result names its tool), e.g.
+    ``[{"role": "tool", "name": "python", "content": "```output\\n42\\n```"}]``; ``[]`` when the episode ends.
   - ``reward``: the step's reward (float). The outcome reward (1/0) is paid on the final step;
     format penalties on the step where they happen. Return = sum over steps.
   - ``terminated``: a final answer (``\\boxed{}`` / ``<answer>``) was given, or the turn made no
@@ -34,7 +34,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec
 
 from envs.answers import extract_final_answer
-from envs.parsing import ParsedTurn, ToolFormat, get_format
+from envs.parsing import ParsedItem, ParsedTurn, ToolFormat, get_format
 from envs.rewards import RewardConfig
 from envs.spaces import Message, MessagesSpace, TextSpace
 from envs.tasks.base import ListTasks, Task, TaskSource
@@ -43,6 +43,8 @@ from envs.tools.python import PythonTool, Shared
 from envs.verify import Verification, default_verifier
 
 ANSWER_INSTRUCTION = "Put the final answer in \\boxed{}."
+TOOL_LISTINGS = ("system_prompt", "native")
+INVALID_CALL_NAME = "invalid_tool_call"
 
 Verifier = Callable[[str | None, str], Verification]
 
@@ -60,6 +62,12 @@ class ToolEnv(gym.Env[list[Message], str]):
             (single-turn: every turn ends the episode).
         tool_format: "code" (```python / ```output) or "hermes" (<tool_call> JSON).
         system_prompt: None builds a short one from the format; "" sends no system message.
+        tool_listing: where the tools' JSON schemas go. "system_prompt": the default system prompt
+            lists them (the hermes format's "Tools:" line). "native": the prompt leaves them out and
+            `reset` returns them as ``info["tools"]``, for the caller to pass as
+            ``apply_chat_template(tools=...)`` so the model sees its own trained tool block. Only a
+            format whose calls are JSON function calls (hermes) has a list to hand over; with the
+            ```python format "native" changes nothing.
         max_turns: assistant turns before truncation.
         max_tool_calls: tool calls per episode before truncation (the budget).
         max_calls_per_turn: further calls in one turn get an error message instead of running.
@@ -85,6 +93,7 @@ class ToolEnv(gym.Env[list[Message], str]):
         *,
         tool_format: str | ToolFormat = "code",
         system_prompt: str | None = None,
+        tool_listing: str = "system_prompt",
         max_turns: int = 4,
         max_tool_calls: int = 8,
         max_calls_per_turn: int = 2,
@@ -112,6 +121,9 @@ class ToolEnv(gym.Env[list[Message], str]):
             raise ValueError(
                 'tool_format="code" runs ```python blocks: include a PythonTool, or use "hermes"'
             )
+        if tool_listing not in TOOL_LISTINGS:
+            raise ValueError(f"tool_listing must be one of {TOOL_LISTINGS}, got {tool_listing!r}")
+        self.tool_listing = tool_listing
         if system_prompt is None:
             system_prompt = self.default_system_prompt()
         self.system_prompt = system_prompt
@@ -173,10 +185,19 @@ class ToolEnv(gym.Env[list[Message], str]):
         """Function schemas of the tools, for chat templates that take `tools=`."""
         return [t.schema() for t in self.tools.values()]
 
+    @property
+    def native_tools(self) -> list[dict[str, Any]] | None:
+        """The schemas the caller passes as `tools=` to the chat template (``info["tools"]`` at reset),
+        or None when the system prompt describes the tools (see `tool_listing`)."""
+        if self.tool_listing == "native" and self.format.native_tools and self.tools:
+            return self.tool_schemas
+        return None
+
     def default_system_prompt(self) -> str:
         if not self.tools:
             return ANSWER_INSTRUCTION
-        return f"{self.format.instructions(self.tool_schemas)} {ANSWER_INSTRUCTION}"
+        listed = [] if self.native_tools else self.tool_schemas
+        return f"{self.format.instructions(listed)} {ANSWER_INSTRUCTION}"
 
     def prompt_messages(self, task: Task) -> list[Message]:
         """The episode's opening messages; override to change how a task is presented."""
@@ -210,6 +231,8 @@ class ToolEnv(gym.Env[list[Message], str]):
         opening = self.prompt_messages(task)
         self.messages = [dict(m) for m in opening]
         info: dict[str, Any] = {"task_id": task.id, "task_index": index, "family": task.family}
+        if self.native_tools:
+            info["tools"] = self.native_tools
         try:
             for tool in self.tools.values():
                 tool.open()
@@ -222,7 +245,7 @@ class ToolEnv(gym.Env[list[Message], str]):
         """Run one assistant turn. Example, code format, task "Compute 6 * 7.":
 
         >>> env.step("```python\\nprint(6 * 7)\\n```")  # doctest: +SKIP
-        ([{'role': 'tool', 'content': '```output\\n42\\n```'}], 0.0, False, False, {'turn': 1, ...})
+        ([{'role': 'tool', 'name': 'python', 'content': '```output\\n42\\n```'}], 0.0, False, False, {'turn': 1, ...})
         >>> env.step("\\\\boxed{42}")  # doctest: +SKIP
         ([], 1.0, True, False, {'verification': {'correct': True, ...}, ...})
         """
@@ -271,7 +294,7 @@ class ToolEnv(gym.Env[list[Message], str]):
                     info["infra_error"] = str(exc)
                     info["truncated_reason"] = "infra_error"
                     return self._end([], 0.0, terminated=False, info=info)
-            obs.append({"role": self.observation_role, "content": self.format.render_result(text)})
+            obs.append(self._result_message(item, text))
         self.messages.extend(dict(m) for m in obs)
         return obs, float(reward), False, False, info
 
@@ -315,6 +338,16 @@ class ToolEnv(gym.Env[list[Message], str]):
         return cfg.wrong - (cfg.no_answer_penalty if answer is None else 0.0)
 
     # ----- internals ------------------------------------------------------------------------
+    def _result_message(self, item: ParsedItem, text: str) -> Message:
+        """One call's result as a message. It names the tool (`name`, as OpenAI-style tool messages
+        do; some chat templates require it): the called one, or for a call that could not be parsed
+        the env's only tool, else "invalid_tool_call"."""
+        if item.call is not None:
+            name = item.call.name
+        else:
+            name = next(iter(self.tools)) if len(self.tools) == 1 else INVALID_CALL_NAME
+        return {"role": self.observation_role, "name": name, "content": self.format.render_result(text)}
+
     def _run_call(self, call: Any, info: dict[str, Any]) -> str:
         tool = self.tools.get(call.name)
         record: dict[str, Any] = {"name": call.name, "arguments": call.arguments}

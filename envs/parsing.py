@@ -52,6 +52,10 @@ class ToolFormat:
     """Base class: parse an assistant turn, render a result, render a call (for demonstrations)."""
 
     name: str = ""
+    native_tools: bool = False
+    """Whether calls are JSON function calls by tool name, the kind a chat template's own tool block
+    (`apply_chat_template(tools=...)`) describes. Only such a format can hand its tool list to the
+    template (`ToolEnv(tool_listing="native")`); the ```python format has no list to hand over."""
 
     def parse(self, text: str) -> ParsedTurn:
         raise NotImplementedError
@@ -65,7 +69,8 @@ class ToolFormat:
         raise NotImplementedError
 
     def instructions(self, tool_schemas: list[dict]) -> str:
-        """One short system-prompt paragraph telling the agent how to call tools."""
+        """One short system-prompt paragraph telling the agent how to call tools. `tool_schemas` is
+        empty when the chat template lists the tools itself (native tool schemas)."""
         raise NotImplementedError
 
 
@@ -125,6 +130,7 @@ class HermesFormat(ToolFormat):
     """`<tool_call>{json}</tool_call>` in, one `tool` message per call out."""
 
     name = "hermes"
+    native_tools = True
 
     def parse(self, text: str) -> ParsedTurn:
         items: list[ParsedItem] = []
@@ -141,7 +147,9 @@ class HermesFormat(ToolFormat):
             # The output ended inside the call (a stop string cut `</tool_call>` off, or the turn's
             # token budget): a complete JSON call is recovered, as vLLM's hermes parser does.
             last = self._parse_one(rest[at + len("<tool_call>") :], rest[at:])
-            items.append(last if last.call else ParsedItem(error=f"Error: unclosed <tool_call>; {_HERMES_HINT}."))
+            items.append(
+                last if last.call else ParsedItem(error=f"Error: unclosed <tool_call>; {_HERMES_HINT}.")
+            )
         else:
             prose_parts.append(rest)
         return ParsedTurn(items=items, answer=extract_final_answer("".join(prose_parts)))
@@ -176,8 +184,11 @@ class HermesFormat(ToolFormat):
         return f"<tool_call>{json.dumps({'name': tool, 'arguments': arguments})}</tool_call>"
 
     def instructions(self, tool_schemas: list[dict]) -> str:
+        call = 'Call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
+        if not tool_schemas:  # the chat template renders the tool list (native tool schemas)
+            return call
         tools = "\n".join(json.dumps(s["function"], separators=(",", ":")) for s in tool_schemas)
-        return f'Tools:\n{tools}\nCall one as <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>.'
+        return f"Tools:\n{tools}\n{call}"
 
 
 FORMATS: dict[str, type[ToolFormat]] = {"code": CodeBlockFormat, "hermes": HermesFormat}

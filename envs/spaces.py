@@ -15,6 +15,8 @@ from gymnasium.spaces import Space
 
 Message = dict[str, str]
 ROLES = ("system", "user", "assistant", "tool")
+OPTIONAL_KEYS = ("name",)
+"""Message keys besides role and content: a tool message names its tool (chat templates read it)."""
 _SAMPLE_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,!?\n"
 
 
@@ -47,7 +49,8 @@ class TextSpace(Space[str]):
 
 
 class MessagesSpace(Space[list]):
-    """A list of chat messages, each a dict with a known `role` and a string `content`."""
+    """A list of chat messages, each a dict with a known `role`, a string `content` and, for a tool
+    result, optionally the tool's `name` (a string)."""
 
     def __init__(self, roles: Sequence[str] = ROLES, seed: int | None = None) -> None:
         self.roles = tuple(roles)
@@ -67,9 +70,9 @@ class MessagesSpace(Space[list]):
     def contains(self, x: Any) -> bool:
         return isinstance(x, list) and all(
             isinstance(m, dict)
-            and set(m) == {"role", "content"}
+            and {"role", "content"} <= set(m) <= {"role", "content", *OPTIONAL_KEYS}
             and m["role"] in self.roles
-            and isinstance(m["content"], str)
+            and all(isinstance(v, str) for v in m.values())
             for m in x
         )
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 import envs
 from envs import GeneratedTasks, PythonMathEnv, RewardConfig, Task, ToolEnv
-from envs.tools import CalculatorTool
+from envs.checks import check_env
+from envs.tools import CalculatorTool, PythonTool
 from tests.envs.conftest import FaultyBackend
 
 TASK = Task(
@@ -36,7 +37,7 @@ def test_reset_returns_system_and_user_prompt(env) -> None:
 def test_correct_answer_via_tool_gives_reward_one(env) -> None:
     env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step("```python\nprint(123456789 * 987654321)\n```")
-    assert obs == [{"role": "tool", "content": "```output\n121932631112635269\n```"}]
+    assert obs == [{"role": "tool", "name": "python", "content": "```output\n121932631112635269\n```"}]
     assert (reward, terminated, truncated) == (0.0, False, False)
     assert info["tool_calls"][0]["ok"] and info["tool_calls"][0]["duration_s"] > 0
     obs, reward, terminated, truncated, info = env.step("The product is \\boxed{121932631112635269}.")
@@ -118,8 +119,8 @@ def test_hermes_format_with_python_and_unknown_tool(sandbox) -> None:
     assert '"name":"python"' in obs[0]["content"]
     call = '<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>'
     obs, *_ = env.step(call + '<tool_call>{"name": "shell", "arguments": {}}</tool_call>')
-    assert obs[0] == {"role": "tool", "content": "42"}
-    assert "unknown tool 'shell'" in obs[1]["content"]
+    assert obs[0] == {"role": "tool", "name": "python", "content": "42"}
+    assert "unknown tool 'shell'" in obs[1]["content"] and obs[1]["name"] == "shell"
     env.close()
 
 
@@ -191,9 +192,46 @@ def test_calculator_env_is_a_different_tool() -> None:
     env = envs.CalculatorMathEnv(difficulty=0)
     env.reset(seed=0)
     obs, *_ = env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "2**10"}}</tool_call>')
-    assert obs == [{"role": "tool", "content": "1024"}]
+    assert obs == [{"role": "tool", "name": "calculator", "content": "1024"}]
     assert [s["function"]["name"] for s in env.tool_schemas] == ["calculator"]
     assert isinstance(next(iter(env.tools.values())), CalculatorTool)
+
+
+def test_native_tool_listing_moves_the_schemas_from_the_prompt_to_info() -> None:
+    listed = envs.CalculatorMathEnv(difficulty=0)
+    native = envs.CalculatorMathEnv(difficulty=0, tool_listing="native")
+    (system, _), info = listed.reset(seed=0)
+    assert "Tools:" in system["content"] and '"name":"calculator"' in system["content"]
+    assert "tools" not in info
+    (system, _), info = native.reset(seed=0)
+    assert "Tools:" not in system["content"] and "calculator" not in system["content"]
+    assert "<tool_call>" in system["content"] and "\\boxed{}" in system["content"]
+    assert info["tools"] == native.tool_schemas == listed.tool_schemas
+    fn = info["tools"][0]["function"]
+    assert info["tools"][0]["type"] == "function" and fn["name"] == "calculator"
+    assert fn["parameters"]["required"] == ["expression"] and fn["description"]
+    assert check_env(native)  # still a valid env: info may carry extra keys, obs stays messages
+
+
+def test_native_listing_leaves_the_code_format_unchanged(sandbox) -> None:
+    code = ToolEnv([TASK], sandbox=sandbox)
+    native = ToolEnv([TASK], sandbox=sandbox, tool_listing="native")
+    assert native.native_tools is None and native.system_prompt == code.system_prompt
+    assert "tools" not in native.reset(seed=0)[1]
+    with pytest.raises(ValueError, match="tool_listing"):
+        ToolEnv([TASK], sandbox=sandbox, tool_listing="user_prompt")
+
+
+def test_a_result_names_its_tool_even_for_a_malformed_call(sandbox) -> None:
+    one = envs.CalculatorMathEnv(difficulty=0)
+    one.reset(seed=0)
+    obs, *_ = one.step("<tool_call>not json</tool_call>")
+    assert obs[0]["name"] == "calculator" and "not valid JSON" in obs[0]["content"]
+    two = ToolEnv([TASK], tools=[CalculatorTool(), PythonTool(sandbox)], tool_format="hermes")
+    two.reset(seed=0)
+    obs, *_ = two.step("<tool_call>not json</tool_call>")
+    assert obs[0]["name"] == "invalid_tool_call"
+    two.close()
 
 
 FUZZ_PIECES = st.sampled_from(
