@@ -267,4 +267,4 @@ def check_splits(cfg: Config, splits: TaskSplits, *, warmup: bool) -> None:
     if cfg.env.eval_tasks:
         splits.require("eval", cfg.env.eval_tasks)
     if warmup and cfg.train.warmup.steps:
-        splits.require("demo", cfg.train.warmup.demos)
+        splits.require("demo", cfg.train.warmup.demos + cfg.train.warmup.check_demos)

@@ -208,6 +208,17 @@ class WarmupConfig(Section):
     trained on all of them."""
     demos: int = Field(1024, ge=1)
     """Distinct demonstrations played through the env (too few and a small model memorises them)."""
+    check_demos: int = Field(0, ge=0)
+    """After the warm-up, this many held-out correct demonstrations (the demo split after the
+    training ones) check that the model reproduces their final turn greedily, token for token
+    (`eval/final_turn_accuracy` in metrics.jsonl and summary.json). 0 = no check."""
+    clean_steps: int = Field(0, ge=0)
+    """The first k updates draw only the correct demonstrations; the flawed ones are mixed in after.
+    Why: a skill the correct ones teach (copying the tool's output into the answer) is learned in a
+    phase transition that the flawed ones can block. Measured on the quickstart (seed 0, Intel
+    AVX-512 kernels): from the start mixed, the loss settled at 0.20 in a basin where the model never
+    copies (greedy copy accuracy 0/40, and RL never found a success); 300 clean updates first gave
+    loss 0.005 by update 300 and copy accuracy 40/40 on both kernel paths."""
 
 
 class TrainConfig(Section):

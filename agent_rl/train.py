@@ -193,6 +193,23 @@ class Trainer:
         self.publish_weights()
         return losses
 
+    def warmup_check(self) -> dict[str, float]:
+        """Greedy final-turn accuracy on held-out correct demonstrations (WarmupConfig.check_demos):
+        whether the warmed-up model has the skill RL will build on, logged before RL starts."""
+        from agent_rl.warmup import final_turn_accuracy, play_demonstrations
+
+        w = self.cfg.train.warmup
+        if not w.check_demos:
+            return {}
+        held_out = self.tasks.indices("demo", w.check_demos, first=w.demos)
+        with self.progress.phase("warm-up check", len(held_out)) as played:
+            examples = play_demonstrations(self.tokenizer, self.make_env, held_out, 0.0, on_demo=played)
+        row = {
+            "eval/final_turn_accuracy": final_turn_accuracy(self.model, examples, self.tokenizer.pad_token_id)
+        }
+        self.logger.log(0, row)
+        return row
+
     def evaluate(self, n: int, when: str = "") -> dict[str, float]:
         """Greedy success rate on the first `n` held-out tasks (temperature 0, one sample each)."""
         if n <= 0:
@@ -366,6 +383,7 @@ class Trainer:
                 if cfg.train.warmup.steps:
                     losses = self.warmup()
                     summary["warmup_loss_first_last"] = [losses[0], losses[-1]]
+                    summary.update(self.warmup_check())
                 summary["eval_before"] = self.evaluate(cfg.env.eval_tasks, "before RL")
                 self.logger.log(0, summary["eval_before"])
             self._rl_steps()

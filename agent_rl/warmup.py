@@ -86,9 +86,14 @@ def run_warmup(
     pad_id: int,
     seed: int,
     lr_schedule: str = "linear",
+    first: Sequence[int] = (),
+    first_steps: int = 0,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """AdamW steps over shuffled demonstrations; returns the loss per step.
+
+    The first `first_steps` batches are drawn from the examples at indices `first` only (a
+    curriculum: see WarmupConfig.clean_steps), the rest from all of them.
 
     `lr_schedule="linear"` decays the rate to 0 at the last step. Why: at a constant rate the
     final weights are whatever the last few noisy steps left, so which skills a tiny model ends
@@ -98,6 +103,8 @@ def run_warmup(
     pool = list(examples)
     if not pool:
         raise ValueError("warm-up needs at least one demonstration")
+    if first_steps and not first:
+        raise ValueError("first_steps needs the examples to draw them from (first=)")
     if lr_schedule not in ("constant", "linear"):
         raise ValueError(f"lr_schedule must be 'constant' or 'linear', got {lr_schedule!r}")
     gen = torch.Generator().manual_seed(seed)
@@ -107,7 +114,8 @@ def run_warmup(
     losses = []
     model.train()
     for step in range(steps):
-        idx = torch.randint(len(pool), (batch_size,), generator=gen).tolist()
+        source = first if step < first_steps else range(len(pool))
+        idx = [source[i] for i in torch.randint(len(source), (batch_size,), generator=gen).tolist()]
         loss = sft_loss(model, [pool[i] for i in idx], pad_id)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -118,6 +126,39 @@ def run_warmup(
         if on_step is not None:
             on_step(step, losses[-1])
     return losses
+
+
+@torch.no_grad()
+def final_turn_accuracy(model: torch.nn.Module, examples: Sequence[Example], pad_id: int) -> float:
+    """Share of examples whose last assistant turn the model reproduces greedily, token for token,
+    given everything before it.
+
+    Why: the warm-up's loss averages over every assistant token, so a model that calls the tool well
+    but never learned to read its output (the answer turn of a tool episode) can look converged.
+    On held-out correct demonstrations this is the skill RL builds on, checked directly.
+    """
+    if not examples:
+        raise ValueError("final_turn_accuracy needs at least one example")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    hits = 0
+    for e in examples:
+        end = max(i for i, m in enumerate(e.mask) if m) + 1
+        start = end
+        while start > 0 and e.mask[start - 1]:
+            start -= 1
+        prompt = torch.tensor([e.ids[:start]], device=device)
+        out = model.generate(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=end - start,
+            do_sample=False,
+            pad_token_id=pad_id,
+        )
+        hits += out[0, start:].tolist() == e.ids[start:end]
+    model.train(was_training)
+    return hits / len(examples)
 
 
 def play_demonstrations(
@@ -172,6 +213,7 @@ def warm_up(
     examples = play_demonstrations(
         tokenizer, make_env, task_indices, config.hallucinate_fraction, on_demo=on_demo
     )
+    clean = [k for k in range(len(examples)) if not is_flawed(k, config.hallucinate_fraction)]
     return run_warmup(
         model,
         examples,
@@ -181,5 +223,7 @@ def warm_up(
         pad_id=tokenizer.pad_token_id,
         seed=seed,
         lr_schedule=config.lr_schedule,
+        first=clean,
+        first_steps=min(config.clean_steps, config.steps),
         on_step=on_step,
     )

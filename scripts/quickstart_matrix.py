@@ -35,6 +35,8 @@ class Cell:
     kernel: str
     start: float = float("nan")
     end: float = float("nan")
+    check: float = float("nan")
+    """Greedy final-turn accuracy right after the warm-up (copying a tool's output), when checked."""
     seconds: float = float("nan")
     error: str = ""
 
@@ -69,24 +71,26 @@ def run_cell(seed: int, kernel: str, out_dir: Path, config: Path, extra: list[st
     summary = json.loads(summaries[0].read_text())
     cell.start = summary["eval_before"]["eval/success_rate"]
     cell.end = summary["eval_after"]["eval/success_rate"]
+    cell.check = summary.get("eval/final_turn_accuracy", float("nan"))
     return cell
 
 
 def table(cells: list[Cell]) -> str:
     lines = [
-        "| seed | kernels | start | end | gain | seconds | bar |",
-        "|---|---|---|---|---|---|---|",
+        "| seed | kernels | warm-up check | start | end | gain | seconds | bar |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
         verdict = "pass" if c.passed else ("error" if c.error else "FAIL")
         lines.append(
-            f"| {c.seed} | {c.kernel} | {c.start:.3f} | {c.end:.3f} | {c.end - c.start:+.3f} "
+            f"| {c.seed} | {c.kernel} | {c.check:.3f} | {c.start:.3f} | {c.end:.3f} | {c.end - c.start:+.3f} "
             f"| {c.seconds:.0f} | {verdict} |"
         )
     ok = [c for c in cells if not c.error]
     if ok:
         lines.append(
-            f"| median | | {statistics.median(c.start for c in ok):.3f} "
+            f"| median | | {statistics.median(c.check for c in ok):.3f} "
+            f"| {statistics.median(c.start for c in ok):.3f} "
             f"| {statistics.median(c.end for c in ok):.3f} "
             f"| {statistics.median(c.end - c.start for c in ok):+.3f} "
             f"| {statistics.median(c.seconds for c in ok):.0f} | {sum(c.passed for c in cells)}/{len(cells)} |"

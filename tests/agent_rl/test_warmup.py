@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from agent_rl.build import load_model_and_tokenizer  # noqa: E402
-from agent_rl.warmup import run_warmup, tokenize_conversation  # noqa: E402
+from agent_rl.warmup import Example, final_turn_accuracy, run_warmup, tokenize_conversation  # noqa: E402
 
 CONV = [
     {"role": "system", "content": "Use python."},
@@ -54,7 +54,14 @@ def test_lr_schedule_linear_anneals_to_zero(tiny_model_dir, schedule: str) -> No
     torch.optim.AdamW.step = spy
     try:
         run_warmup(
-            model, [ex], steps=10, batch_size=1, lr=1e-3, pad_id=tok.pad_token_id, seed=0, lr_schedule=schedule
+            model,
+            [ex],
+            steps=10,
+            batch_size=1,
+            lr=1e-3,
+            pad_id=tok.pad_token_id,
+            seed=0,
+            lr_schedule=schedule,
         )
     finally:
         torch.optim.AdamW.step = real_step
@@ -77,3 +84,60 @@ def test_flawed_demonstrations_are_the_fraction_spread_evenly(fraction: float) -
         assert abs(sum(flags[:n]) - n * fraction) < 1
     longest_run = max((len(r) for r in "".join("x" if f else " " for f in flags).split()), default=0)
     assert longest_run <= (1 if fraction <= 0.5 else int(1 / (1 - fraction)) + 1)
+
+
+def test_clean_steps_draw_only_the_first_pool(tiny_model_dir) -> None:
+    """The curriculum: the first `first_steps` batches hold only examples from `first`, later ones
+    draw from every example (seen through which examples reach the loss)."""
+    import agent_rl.warmup as warmup
+
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    pool = [tokenize_conversation(tok, CONV) for _ in range(4)]
+    seen: list[set[int]] = []
+    real_loss = warmup.sft_loss
+
+    def spy(model, batch, pad_id):
+        seen.append({next(k for k, e in enumerate(pool) if e is b) for b in batch})
+        return real_loss(model, batch, pad_id)
+
+    warmup.sft_loss = spy
+    try:
+        run_warmup(
+            model,
+            pool,
+            steps=12,
+            batch_size=4,
+            lr=1e-4,
+            pad_id=tok.pad_token_id,
+            seed=0,
+            first=[1, 3],
+            first_steps=6,
+        )
+    finally:
+        warmup.sft_loss = real_loss
+    assert all(s <= {1, 3} for s in seen[:6])
+    assert set().union(*seen[6:]) - {1, 3}, "after the curriculum every example is drawn"
+    with pytest.raises(ValueError, match="first_steps"):
+        run_warmup(model, pool, steps=2, batch_size=1, lr=1e-4, pad_id=0, seed=0, first_steps=1)
+
+
+def test_final_turn_accuracy_is_exact_greedy_reproduction(tiny_model_dir) -> None:
+    """An example whose last turn is what the model generates greedily counts; one token off does not."""
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    prompt = tokenize_conversation(tok, [*CONV[:4], {"role": "assistant", "content": ""}]).ids
+    prompt = prompt[: len(prompt) - 2]  # up to the last assistant header, before its end-of-turn
+    out = model.generate(
+        input_ids=torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=5,
+        do_sample=False,
+        pad_token_id=tok.pad_token_id,
+    )
+    turn = out[0, len(prompt) :].tolist()
+    assert len(turn) == 5
+    earlier_turn = [0] * len(prompt)
+    earlier_turn[3:6] = [1, 1, 1]  # an earlier assistant turn is context, not what is checked
+    same = Example(prompt + turn, earlier_turn + [1] * 5)
+    wrong = Example(prompt + turn[:-1] + [(turn[-1] + 1) % len(tok)], earlier_turn + [1] * 5)
+    assert final_turn_accuracy(model, [same], tok.pad_token_id) == 1.0
+    assert final_turn_accuracy(model, [same, wrong], tok.pad_token_id) == 0.5
