@@ -7,8 +7,9 @@ API (Gymnasium's exact signatures):
   Python sandbox session) and returns the first messages: ``[system, user]``.
 - ``step(action: str) -> (obs, reward, terminated, truncated, info)``:
 
-  - ``obs``: the NEW messages the agent sees next (a tool result names its tool), e.g.
-    ``[{"role": "tool", "name": "python", "content": "```output\\n42\\n```"}]``; ``[]`` when the episode ends.
+  - ``obs``: the NEW messages the agent sees next (a tool result names its tool and has an id), e.g.
+    ``[{"role": "tool", "name": "python", "tool_call_id": "000100000", "content": "```output\\n42\\n```"}]``;
+    ``[]`` when the episode ends.
   - ``reward``: the step's reward (float). The outcome reward (1/0) is paid on the final step;
     format penalties on the step where they happen. Return = sum over steps.
   - ``terminated``: a final answer (``\\boxed{}`` / ``<answer>``) was given, or the turn made no
@@ -245,7 +246,7 @@ class ToolEnv(gym.Env[list[Message], str]):
         """Run one assistant turn. Example, code format, task "Compute 6 * 7.":
 
         >>> env.step("```python\\nprint(6 * 7)\\n```")  # doctest: +SKIP
-        ([{'role': 'tool', 'name': 'python', 'content': '```output\\n42\\n```'}], 0.0, False, False, {'turn': 1, ...})
+        ([{'role': 'tool', 'name': 'python', 'tool_call_id': '000100000', 'content': '```output\\n42\\n```'}], ...)
         >>> env.step("\\\\boxed{42}")  # doctest: +SKIP
         ([], 1.0, True, False, {'verification': {'correct': True, ...}, ...})
         """
@@ -294,7 +295,7 @@ class ToolEnv(gym.Env[list[Message], str]):
                     info["infra_error"] = str(exc)
                     info["truncated_reason"] = "infra_error"
                     return self._end([], 0.0, terminated=False, info=info)
-            obs.append(self._result_message(item, text))
+            obs.append(self._result_message(item, text, n))
         self.messages.extend(dict(m) for m in obs)
         return obs, float(reward), False, False, info
 
@@ -338,15 +339,22 @@ class ToolEnv(gym.Env[list[Message], str]):
         return cfg.wrong - (cfg.no_answer_penalty if answer is None else 0.0)
 
     # ----- internals ------------------------------------------------------------------------
-    def _result_message(self, item: ParsedItem, text: str) -> Message:
-        """One call's result as a message. It names the tool (`name`, as OpenAI-style tool messages
-        do; some chat templates require it): the called one, or for a call that could not be parsed
-        the env's only tool, else "invalid_tool_call"."""
+    def _result_message(self, item: ParsedItem, text: str, n: int) -> Message:
+        """Call `n` of this turn's result as a message. Like an OpenAI-style tool message it names
+        the tool (`name`: the called one; for a call that could not be parsed the env's only tool,
+        else "invalid_tool_call") and carries a `tool_call_id`, since some chat templates require
+        them (Mistral's wants 9 alphanumerics): the turn (4 digits) and the call's index (5 digits).
+        The assistant's text stays as sampled, so the id refers to the call's place, not to a field."""
         if item.call is not None:
             name = item.call.name
         else:
             name = next(iter(self.tools)) if len(self.tools) == 1 else INVALID_CALL_NAME
-        return {"role": self.observation_role, "name": name, "content": self.format.render_result(text)}
+        return {
+            "role": self.observation_role,
+            "name": name,
+            "tool_call_id": f"{self.turn % 10_000:04d}{n % 100_000:05d}",
+            "content": self.format.render_result(text),
+        }
 
     def _run_call(self, call: Any, info: dict[str, Any]) -> str:
         tool = self.tools.get(call.name)

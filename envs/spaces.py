@@ -15,8 +15,8 @@ from gymnasium.spaces import Space
 
 Message = dict[str, str]
 ROLES = ("system", "user", "assistant", "tool")
-OPTIONAL_KEYS = ("name",)
-"""Message keys besides role and content: a tool message names its tool (chat templates read it)."""
+OPTIONAL_KEYS = ("name", "tool_call_id")
+"""Message keys besides role and content: a tool result's tool and call id (chat templates read them)."""
 _SAMPLE_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,!?\n"
 
 
@@ -50,7 +50,7 @@ class TextSpace(Space[str]):
 
 class MessagesSpace(Space[list]):
     """A list of chat messages, each a dict with a known `role`, a string `content` and, for a tool
-    result, optionally the tool's `name` (a string)."""
+    result, optionally the tool's `name` and a `tool_call_id` (strings)."""
 
     def __init__(self, roles: Sequence[str] = ROLES, seed: int | None = None) -> None:
         self.roles = tuple(roles)

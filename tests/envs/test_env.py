@@ -37,7 +37,14 @@ def test_reset_returns_system_and_user_prompt(env) -> None:
 def test_correct_answer_via_tool_gives_reward_one(env) -> None:
     env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step("```python\nprint(123456789 * 987654321)\n```")
-    assert obs == [{"role": "tool", "name": "python", "content": "```output\n121932631112635269\n```"}]
+    assert obs == [
+        {
+            "role": "tool",
+            "name": "python",
+            "tool_call_id": "000100000",
+            "content": "```output\n121932631112635269\n```",
+        }
+    ]
     assert (reward, terminated, truncated) == (0.0, False, False)
     assert info["tool_calls"][0]["ok"] and info["tool_calls"][0]["duration_s"] > 0
     obs, reward, terminated, truncated, info = env.step("The product is \\boxed{121932631112635269}.")
@@ -119,7 +126,8 @@ def test_hermes_format_with_python_and_unknown_tool(sandbox) -> None:
     assert '"name":"python"' in obs[0]["content"]
     call = '<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>'
     obs, *_ = env.step(call + '<tool_call>{"name": "shell", "arguments": {}}</tool_call>')
-    assert obs[0] == {"role": "tool", "name": "python", "content": "42"}
+    assert obs[0] == {"role": "tool", "name": "python", "tool_call_id": "000100000", "content": "42"}
+    assert obs[1]["tool_call_id"] == "000100001"
     assert "unknown tool 'shell'" in obs[1]["content"] and obs[1]["name"] == "shell"
     env.close()
 
@@ -192,7 +200,7 @@ def test_calculator_env_is_a_different_tool() -> None:
     env = envs.CalculatorMathEnv(difficulty=0)
     env.reset(seed=0)
     obs, *_ = env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "2**10"}}</tool_call>')
-    assert obs == [{"role": "tool", "name": "calculator", "content": "1024"}]
+    assert obs == [{"role": "tool", "name": "calculator", "tool_call_id": "000100000", "content": "1024"}]
     assert [s["function"]["name"] for s in env.tool_schemas] == ["calculator"]
     assert isinstance(next(iter(env.tools.values())), CalculatorTool)
 
