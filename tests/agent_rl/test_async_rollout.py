@@ -108,7 +108,15 @@ def test_config_defaults_and_refusals() -> None:
 
 # ------------------------------------------------------------------------------- training runs
 def _cfg(tiny_model_dir: Path, out: Path, name: str, extra: list[str]) -> Any:
-    sets = [*SMALL, f"model.path={tiny_model_dir}", f"run.out_dir={out}", f"run.name={name}", *extra]
+    # 8 demonstrations are enough for 3 warm-up steps (the demos play through the sandbox: slow).
+    sets = [
+        *SMALL,
+        "train.warmup.demos=8",
+        f"model.path={tiny_model_dir}",
+        f"run.out_dir={out}",
+        f"run.name={name}",
+        *extra,
+    ]
     return build_config({}, sets)
 
 
@@ -141,7 +149,9 @@ def test_pipelined_run_samples_from_the_frozen_previous_weights(tiny_model_dir: 
     """3 pipelined steps: the engine has its own model; batch t+1 is sampled by version t-1 (the
     log-probs on its trajectories are those of the weights before step t's update, not after);
     staleness is recorded and logged, and the correction reweights the stale samples."""
-    cfg = _cfg(tiny_model_dir, tmp_path, "pipe", [*ASYNC, "train.steps=3", "train.lr=1e-2"])
+    cfg = _cfg(
+        tiny_model_dir, tmp_path, "pipe", [*ASYNC, "train.steps=3", "train.lr=1e-2", "algo.entropy_coef=0.05"]
+    )
     trainer = Trainer(cfg)
     assert trainer.sampler.model is not trainer.model  # a frozen copy, not the learner's module
     trainer.warmup()
