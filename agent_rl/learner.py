@@ -30,6 +30,7 @@ from agent_rl.lora import load_policy_state, policy_state
 from agent_rl.loss import PPOLossConfig, ppo_loss
 from agent_rl.offpolicy import ISCorrection, importance_weights, mismatch_metrics
 from agent_rl.overlong import OverlongConfig, overlong_loss_mask, shape_overlong_rewards
+from agent_rl.packing import packed_token_stats
 from agent_rl.parallel import Shard, all_reduce_sum, combine_micro_metrics, sum_gradients
 
 
@@ -112,6 +113,18 @@ class Learner:
     def _stats(
         self, model: torch.nn.Module, batch: RolloutBatch, *, entropy: bool, sum_p2: bool
     ) -> TokenStats:
+        if self.algo.pack_tokens is not None:  # the rows end to end, not padded (agent_rl/packing.py)
+            return packed_token_stats(
+                model,
+                batch.input_ids,
+                batch.attention_mask,
+                response_length=batch.response_length,
+                budget=self.algo.pack_tokens,
+                position_ids=batch.position_ids,
+                temperature=self.temperature,
+                with_entropy=entropy,
+                with_sum_pi_squared=sum_p2,
+            )
         return causal_lm_token_stats(
             model,
             batch.input_ids,

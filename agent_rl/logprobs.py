@@ -31,7 +31,13 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "TokenStats", "causal_lm_token_stats", "token_stats_from_hidden"]
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "TokenStats",
+    "causal_lm_token_stats",
+    "plain_linear_head",
+    "token_stats_from_hidden",
+]
 
 DEFAULT_CHUNK_SIZE = 1024
 """Tokens per chunk. Peak extra memory ~ a few chunk_size x V float32 buffers (1024 x 152k ~ 0.6 GB each)."""
@@ -276,7 +282,8 @@ def token_stats_from_hidden(
     )
 
 
-def _check_plain_linear_head(model: torch.nn.Module) -> torch.nn.Linear:
+def plain_linear_head(model: torch.nn.Module) -> torch.nn.Linear:
+    """The model's LM head, after checking it is a plain linear map (what the chunked head computes)."""
     config = getattr(model, "config", None)
     for attr in ("final_logit_softcapping", "logit_scale", "output_multiplier_scale"):
         if getattr(config, attr, None) not in (None, 1.0):
@@ -309,7 +316,7 @@ def causal_lm_token_stats(
     response_length=None scores every token after the first (R = T-1).
     position_ids default to cumsum(attention_mask) - 1, so left padding gets generation's positions.
     """
-    head = _check_plain_linear_head(model)
+    head = plain_linear_head(model)
     seq_len = input_ids.shape[1]
     r = seq_len - 1 if response_length is None else int(response_length)
     if not 1 <= r <= seq_len - 1:
