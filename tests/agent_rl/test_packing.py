@@ -221,3 +221,48 @@ def test_pack_tokens_is_off_by_default() -> None:
     assert AlgoConfig().pack_tokens is None
     with pytest.raises(ValueError):
         AlgoConfig(pack_tokens=0)
+
+
+@pytest.fixture()
+def ray_session():
+    """A small local Ray cluster (the distributed tests' settings), or the one already running."""
+    from tests.agent_rl.distributed.conftest import import_ray_or_skip
+
+    ray = import_ray_or_skip()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(
+            num_cpus=4, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False
+        )
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_ray_learner_ranks_pack_through_the_same_path(ray_session, tiny_model_dir) -> None:
+    """Data-parallel ranks run `Learner.update(shard=...)`, hence `_stats`, hence packing: two packed
+    ranks take the padded single process's gradient. Tolerance: GRAD_RTOL for packing plus the
+    ranks' own 1e-5 (derived in tests/agent_rl/distributed/test_ray_learner.py); weights frozen
+    (lr 1e-30) so both sides take every optimiser step's gradient at the same weights."""
+    from agent_rl.distributed.learner import LearnerSpec, RayLearner
+
+    frozen = TrainConfig(lr=1e-30, seed=0)
+    model, _ = load_model_and_tokenizer(tiny_model_dir)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    local = Learner(model, AlgoConfig(micro_batch_size=3, minibatches=2), frozen)
+    packed = AlgoConfig(micro_batch_size=3, minibatches=2, pack_tokens=256)
+    ranks = RayLearner(
+        LearnerSpec(model_path=str(tiny_model_dir), algo=packed, train=frozen, timeout_s=600), 2, state
+    )
+    try:
+        local.step(EIGHT)
+        ranks.step(EIGHT)
+        want = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        got = ranks.gradients()[0]
+        assert set(got) == set(want)
+        diff = torch.cat([(got[k] - want[k]).flatten() for k in want])
+        ref = torch.cat([want[k].flatten() for k in want])
+        assert ref.norm() > 0 and _rel_l2(ref + diff, ref) < GRAD_RTOL + 1e-5
+    finally:
+        ranks.shutdown()
