@@ -11,6 +11,7 @@ commands, so every one of them can import it without a cycle. Heavy imports stay
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from collections.abc import Callable, Mapping
@@ -118,10 +119,37 @@ def make_sandbox(cfg: SandboxConfig) -> Any:
 
 
 def env_kwargs(cfg: Config) -> dict[str, Any]:
-    """`env.kwargs`, with the rollout's turn budget as the env's own unless the config set one."""
+    """`env.kwargs`, with the rollout's turn budget as the env's own unless the config set one, and
+    `tool_listing="native"` when `model.tool_schemas` resolves to native for the model's template."""
     kwargs = dict(cfg.env.kwargs)
     kwargs.setdefault("max_turns", cfg.rollout.max_turns)
+    if tool_schemas(cfg) == "native":
+        kwargs.setdefault("tool_listing", "native")
     return kwargs
+
+
+def tool_schemas(cfg: Config) -> str:
+    """`model.tool_schemas` resolved against the model's chat template: 'native' or 'system_prompt'.
+    One answer for every path (trainer, Ray workers, eval, warm-up) since all make envs here."""
+    from agent_rl.rollout.chat_delta import ChatTemplateError, resolve_tool_schemas
+
+    if cfg.model.tool_schemas == "system_prompt":
+        return "system_prompt"
+    try:
+        return resolve_tool_schemas(cfg.model.tool_schemas, _renders_tools(cfg.model.path))
+    except ChatTemplateError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+@functools.lru_cache(maxsize=8)
+def _renders_tools(model_path: str | None) -> bool:
+    """Whether the chat template of the model at `model_path` (None: the offline tiny model's
+    ChatML template, which has no tool block) renders `tools=`; read once per process."""
+    from agent_rl.rollout.chat_delta import template_renders_tools
+
+    if model_path is None:
+        return False
+    return template_renders_tools(load_tokenizer(model_path))
 
 
 def env_factory(cfg: Config, sandbox: Any) -> Callable[[], Any]:

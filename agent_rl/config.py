@@ -53,6 +53,13 @@ class ModelConfig(Section):
     block); 'auto' picks per render. Sampled ids are kept verbatim in every mode."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra chat-template variables, e.g. {enable_thinking: false} for Qwen3."""
+    tool_schemas: Literal["auto", "native", "system_prompt"] = "auto"
+    """Where the env's tool JSON schemas go (docs/chat_templates.md). native: passed as
+    `apply_chat_template(tools=...)`, so the model sees its own trained tool block (Qwen2.5/Qwen3
+    `<tools>`, Llama 3.1, Mistral), and the env's system prompt drops its "Tools:" line;
+    system_prompt: that line lists them, no `tools=`; auto (default): native when the model's chat
+    template renders tools, else system_prompt (the offline tiny model's ChatML template). Applies to
+    function-calling formats (hermes); the ```python format has no list either way."""
 
 
 class SandboxConfig(Section):
@@ -268,6 +275,17 @@ class ScaleConfig(Section):
     it fails the step with an error (ranks meet in all-reduce, so one cannot be swapped mid-update);
     resume from the last checkpoint. Also the torch.distributed collective timeout."""
 
+    learner_sharding: Literal["none", "fsdp"] = "none"
+    """none: each learner rank holds a full replica of the model, its gradients and AdamW state;
+    fsdp: FSDP2 (torch fully_shard) splits all three over the ranks, so each holds ~1/learner_workers
+    of them (measured in benchmarks/fsdp_bench.py; docs/ray.md). Checkpoints stay full (gathered), so
+    either mode resumes the other's. Needs learner_workers >= 2; not with train.grad_variance_every,
+    algo.pack_tokens or an estimator needing exact per-sequence gradient norms."""
+    fsdp_param_dtype: Literal["model", "bfloat16"] = "model"
+    """Under fsdp, the dtype the gathered weights compute in: model = model.dtype (no casting);
+    bfloat16 = bf16 mixed precision (float32 master weights and optimiser state, float32 gradient
+    reduction), the usual GPU setting."""
+
     @model_validator(mode="after")
     def _ranks_need_ray(self) -> ScaleConfig:
         if self.learner_workers > 1 and self.backend != "ray":
@@ -331,6 +349,24 @@ class Config(Section):
             raise ValueError(
                 "model.lora.rank > 0 runs in one process for now: Ray rollout workers and learner ranks "
                 "build full models (use scale.backend: local and scale.learner_workers: 1)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fsdp_limits(self) -> Config:
+        if self.scale.learner_sharding != "fsdp":
+            return self
+        if self.scale.learner_workers < 2:
+            raise ValueError("scale.learner_sharding=fsdp shards over learner ranks: set scale.learner_workers >= 2")
+        if self.train.grad_variance_every:
+            raise ValueError(
+                "train.grad_variance_every needs the full model on one rank for per-sample backward "
+                "passes; not with scale.learner_sharding=fsdp"
+            )
+        if getattr(self.algo, "pack_tokens", None) is not None:
+            raise ValueError(
+                "algo.pack_tokens calls the decoder directly, bypassing FSDP's parameter gathering; "
+                "not with scale.learner_sharding=fsdp"
             )
         return self
 

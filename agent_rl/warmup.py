@@ -28,24 +28,39 @@ class Example:
     mask: list[int]
 
 
-def tokenize_conversation(tokenizer: Any, messages: Sequence[Message]) -> Example:
-    """Piecewise: each assistant message's own tokens get mask 1, everything else mask 0."""
+def tokenize_conversation(
+    tokenizer: Any,
+    messages: Sequence[Message],
+    *,
+    tools: Sequence[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> Example:
+    """Piecewise: each assistant message's own tokens get mask 1, everything else mask 0.
+
+    `tools`: the env's schemas when it listed them natively (reset ``info["tools"]``), passed as
+    `tools=` to every render as the rollout does; `template_kwargs` likewise (model.chat_template_kwargs).
+    """
+    extra: dict[str, Any] = dict(template_kwargs or {})
+    if tools:
+        extra["tools"] = [dict(t) for t in tools]
     ids: list[int] = []
     mask: list[int] = []
     rendered = ""
     for i, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
-        before = tokenizer.apply_chat_template(list(messages[:i]), add_generation_prompt=True, tokenize=False)
+        before = tokenizer.apply_chat_template(
+            list(messages[:i]), add_generation_prompt=True, tokenize=False, **extra
+        )
         _append(tokenizer, before[len(rendered) :], 0, ids, mask)
-        with_turn = tokenizer.apply_chat_template(list(messages[: i + 1]), tokenize=False)
+        with_turn = tokenizer.apply_chat_template(list(messages[: i + 1]), tokenize=False, **extra)
         turn = with_turn[len(before) :]
         end = turn.find(tokenizer.eos_token)
         policy_part = turn[: end + len(tokenizer.eos_token)] if end >= 0 else turn
         _append(tokenizer, policy_part, 1, ids, mask)
         _append(tokenizer, turn[len(policy_part) :], 0, ids, mask)
         rendered = with_turn
-    full = tokenizer.apply_chat_template(list(messages), tokenize=False)
+    full = tokenizer.apply_chat_template(list(messages), tokenize=False, **extra)
     _append(tokenizer, full[len(rendered) :], 0, ids, mask)
     return Example(ids, mask)
 

@@ -28,6 +28,7 @@ the reference, else ``anchor``; for an append-only template both give the same i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,10 +42,58 @@ DEFAULT_REFERENCE: tuple[dict[str, str], ...] = (
 
 
 CHAT_DELTA_MODES = ("auto", "append", "anchor")
+TOOL_SCHEMA_MODES = ("auto", "native", "system_prompt")
+"""`model.tool_schemas`: where the env's tool schemas go. native: `apply_chat_template(tools=...)`
+(the env leaves its "Tools:" line out); system_prompt: the env's system prompt lists them; auto:
+native when the chat template renders tools, else system_prompt."""
+_PROBE_TOOL = "agent_rl_probe_tool"
+_PROBE_MESSAGES = (
+    {"role": "system", "content": "probe"},
+    {"role": "user", "content": "probe"},
+)
 
 
 class ChatTemplateError(ValueError):
     """The chat template cannot be split into per-turn deltas; the message says why."""
+
+
+def template_renders_tools(tokenizer: Any, chat_template: str | None = None) -> bool:
+    """Whether the chat template writes `tools=` schemas into the prompt (Qwen2.5/Qwen3's `<tools>`
+    block, Llama 3.1's JSON list, Mistral's [AVAILABLE_TOOLS]).
+
+    Tested by rendering: a probe tool passed as `tools=` must appear in the text, so a template that
+    only mentions `tools` without writing them out counts as not rendering. A template that cannot
+    render the probe conversation at all is judged by its source: it renders tools when its Jinja
+    refers to `tools`.
+    """
+    schema = {"name": _PROBE_TOOL, "description": "probe", "parameters": {"type": "object", "properties": {}}}
+    try:
+        text = tokenizer.apply_chat_template(
+            list(_PROBE_MESSAGES),
+            tools=[{"type": "function", "function": schema}],
+            tokenize=False,
+            add_generation_prompt=True,
+            chat_template=chat_template,
+        )
+    except Exception:
+        source = chat_template or getattr(tokenizer, "chat_template", None) or ""
+        return bool(re.search(r"\btools\b", str(source)))
+    return _PROBE_TOOL in text
+
+
+def resolve_tool_schemas(mode: str, renders_tools: bool) -> str:
+    """`model.tool_schemas` for one chat template: 'native' or 'system_prompt' (see TOOL_SCHEMA_MODES)."""
+    if mode not in TOOL_SCHEMA_MODES:
+        raise ValueError(f"tool_schemas must be one of {TOOL_SCHEMA_MODES}, got {mode!r}")
+    if mode == "native" and not renders_tools:
+        raise ChatTemplateError(
+            "model.tool_schemas is 'native' but the chat template does not render tools= (it never writes "
+            "the schemas into the prompt, so the model would not see its tools); set model.tool_schemas "
+            "to 'system_prompt' or 'auto'"
+        )
+    if mode == "auto":
+        return "native" if renders_tools else "system_prompt"
+    return mode
 
 
 @dataclass

@@ -23,6 +23,7 @@ fault and propagate to the caller.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +31,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_rl.rollout.chat_delta import DEFAULT_REFERENCE, ChatDelta
+from agent_rl.rollout.chat_delta import (
+    DEFAULT_REFERENCE,
+    ChatDelta,
+    ChatTemplateError,
+    template_renders_tools,
+)
 from agent_rl.rollout.engine import Completion, Engine, SamplingParams
 from agent_rl.rollout.trajectory import Trajectory, TurnRecord, json_safe
 
@@ -275,13 +281,9 @@ class Collector:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config or CollectorConfig()
-        self.delta = ChatDelta(
-            tokenizer,
-            reference,
-            chat_template=self.config.chat_template,
-            mode=self.config.chat_delta,
-            template_kwargs=self.config.chat_template_kwargs,
-        )
+        self.reference = [dict(m) for m in reference]
+        self.delta = self._chat_delta(None)
+        self._tool_deltas: dict[str, ChatDelta] = {}
         if isinstance(env_factory, str):
             import gymnasium
 
@@ -293,6 +295,33 @@ class Collector:
             self._make_env = env_factory
         self.last_stats = CollectStats()
         self._calls = 0
+
+    def _chat_delta(self, tools: list[dict[str, Any]] | None) -> ChatDelta:
+        return ChatDelta(
+            self.tokenizer,
+            self.reference,
+            chat_template=self.config.chat_template,
+            mode=self.config.chat_delta,
+            tools=tools,
+            template_kwargs=self.config.chat_template_kwargs,
+        )
+
+    def delta_for(self, tools: Any) -> ChatDelta:
+        """The renderer of an episode whose env listed `tools` natively (reset ``info["tools"]``, see
+        envs.ToolEnv's `tool_listing`): every render passes them as `tools=`. None: the env's system
+        prompt describes its tools and renders carry none. One renderer per distinct tool list."""
+        if not tools:
+            return self.delta
+        key = json.dumps(tools, sort_keys=True, default=str)
+        if key not in self._tool_deltas:
+            if not template_renders_tools(self.tokenizer, self.config.chat_template):
+                raise ChatTemplateError(
+                    "the env left its tool list out of the prompt for the chat template (reset info['tools'], "
+                    "tool_listing='native'), but this chat template does not render tools=, so the model "
+                    "would never see them; set model.tool_schemas to 'system_prompt' or 'auto'"
+                )
+            self._tool_deltas[key] = self._chat_delta(list(tools))
+        return self._tool_deltas[key]
 
     # ------------------------------------------------------------------ public API
     def collect(
@@ -434,6 +463,8 @@ class _Episode:
         self.batcher, self.stats, self.pool, self.clock = batcher, batcher.stats, pool, clock
         self.timings = traj.timings = {"generate_wait": 0.0, "env": 0.0, "total": 0.0}
         self.env: Any = None
+        self.delta = collector.delta
+        """This episode's renderer: with the env's tool schemas when it listed them natively."""
         self.limit = 0
         """Prompt + response tokens this episode may reach (the budget and the engine's context)."""
 
@@ -491,7 +522,8 @@ class _Episode:
             self.fail("env.reset", str(info["infra_error"]))
             return False
         t0 = time.perf_counter()
-        self.traj.prompt_ids = self.collector.delta.prompt_ids(obs)
+        self.delta = self.collector.delta_for(info.get("tools"))
+        self.traj.prompt_ids = self.delta.prompt_ids(obs)
         self.stats.bookkeeping_s += time.perf_counter() - t0
         self.limit = min(self.config.max_total_tokens, self.collector.engine.max_model_len)
         return True
@@ -545,7 +577,7 @@ class _Episode:
         max_tool_tokens; False when the reply plus one more policy token would not fit (the episode
         ends, and the dropped reply is recorded rather than silently lost)."""
         t0 = time.perf_counter()
-        delta_maker, traj = self.collector.delta, self.traj
+        delta_maker, traj = self.delta, self.traj
         cut = delta_maker.truncate_tool_messages(messages, self.config.max_tool_tokens)
         record.tool_truncated_tokens = cut.cut_tokens
         ended_with_eos = completion.token_ids[-1] == self.collector.engine.eos_token_id
