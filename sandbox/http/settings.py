@@ -82,6 +82,10 @@ class SandboxSettings(BaseModel):
     """Refuse to start without bubblewrap instead of falling back to rlimits."""
     python: str = Field(default_factory=default_python)
     """Interpreter the workers run; the sandbox uid must be able to execute it."""
+    oneshot: Literal["zygote", "worker"] = "zygote"
+    """How ``/run_code`` runs a Python program without ``files``: ``zygote`` forks it from a warm,
+    sandboxed interpreter into fresh namespaces (sandbox/zygote.py; needs bubblewrap, else the
+    worker path is used); ``worker`` runs it in a fresh pooled worker, as every other one-shot."""
 
     @model_validator(mode="after")
     def _check(self) -> SandboxSettings:

@@ -28,7 +28,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sandbox import languages
 from sandbox.bwrap.local import LocalSandbox
 from sandbox.http.server import fastpath
-from sandbox.http.server.fusion import fetch_cell, fusion_response, jupyter_budget, jupyter_response, plan_run
+from sandbox.http.server.fusion import (
+    fetch_cell,
+    fusion_response,
+    jupyter_budget,
+    jupyter_response,
+    plan_run,
+    report_response,
+    zygote_run,
+)
 from sandbox.http.server.schemas import (
     BatchIn,
     BatchPublic,
@@ -232,6 +240,20 @@ async def run_code(state: StateDep, body: RunCodeRequest) -> Any:
         body, settings.max_limits, settings.default_limits.output_bytes, settings.fusion_default_memory_mb
     )
     files = {k: v for k, v in body.files.items() if v is not None}
+    run = None if files or state.zygote is None else zygote_run(plan)
+    if run is not None:  # the fork server: see sandbox/zygote.py
+        zygote = state.zygote
+        t0 = time.perf_counter()
+        try:
+            report = await state.execute_queued(
+                lambda: zygote.run_async(**run), state.settings.fusion_queue_wait_s
+            )
+        except SandboxUnavailable as e:  # verl scores anything but 200 as an API error
+            return JSONResponse(
+                RunCodeResponse(status="SandboxError", message=str(e), warnings=plan.warnings).model_dump()
+            )
+        state.metrics.record("run_code", ExecResult(duration_s=time.perf_counter() - t0))
+        return JSONResponse(report_response(report, plan).model_dump())
     result = await state.execute_queued(
         lambda: state.sb.run_async(plan.spec.cell(), want_value=False, files=files or None, **plan.limits),
         state.settings.fusion_queue_wait_s,

@@ -155,6 +155,11 @@ def fusion_response(result: ExecResult, plan: RunPlan) -> RunCodeResponse:
     report = _report(result)
     if report is None:
         return _without_report(result, plan)
+    return report_response(report, plan)
+
+
+def report_response(report: dict[str, Any], plan: RunPlan) -> RunCodeResponse:
+    """The answer for a driver report (run_driver.py's, or the zygote's: the same shape)."""
     compile_result, run_result = _step(report.get("compile")), _step(report.get("run"))
     status, message = _status([s for s in (compile_result, run_result) if s is not None])
     warnings = list(plan.warnings)
@@ -220,6 +225,23 @@ def jupyter_response(
         cells=[cell_result(r) for r in cells],
         files=files,
     )
+
+
+def zygote_run(plan: RunPlan) -> dict[str, Any] | None:
+    """``Zygote.run`` arguments for ``plan``, or None when it needs the worker path (not Python)."""
+    spec = plan.spec
+    if spec.language != "python":
+        return None
+    return {
+        "code": spec.code,
+        "stdin": spec.stdin,
+        "timeout_s": spec.run_timeout,
+        "cpu_s": plan.limits["cpu_s"],
+        "memory_mb": plan.limits["memory_mb"],
+        "output_bytes": spec.output_bytes,
+        "fetch_files": list(spec.fetch_files),
+        "fetch_bytes": spec.fetch_bytes,
+    }
 
 
 def jupyter_budget(body: RunJupyterRequest, maxima: Limits) -> tuple[float, float, list[str]]:

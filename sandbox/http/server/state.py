@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import anyio
@@ -15,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sandbox.bwrap.local import LocalSandbox
 from sandbox.http.settings import SandboxSettings
 from sandbox.result import ExecResult
+from sandbox.zygote import Zygote
 
 log = logging.getLogger("sandbox")
 T = TypeVar("T")
@@ -71,6 +73,8 @@ class ServerState:
         self.pending = 0
         self.opening = 0  # sessions being created: they count against max_sessions already
         self.limiter: asyncio.Semaphore | None = None
+        self.zygote: Zygote | None = None
+        """The one-shot fork server behind /run_code (settings.oneshot == "zygote"), or None."""
         self._expiry: asyncio.Task[None] | None = None
         self.started = time.monotonic()
 
@@ -88,12 +92,19 @@ class ServerState:
                     batch_concurrency=s.max_concurrent_executions,
                 )
             )
+        if s.oneshot == "zygote" and self.sb.isolation == "bwrap":
+            # Per-request memory comes with each /run_code request (up to the server maximum).
+            limits = replace(s.default_limits, memory_mb=s.max_limits.memory_mb)
+            self.zygote = Zygote(_launch_config(s), limits, slots=s.max_concurrent_executions)
+            await anyio.to_thread.run_sync(self.zygote.start)
         # asyncio's semaphore, not anyio's CapacityLimiter: that one yields to the event loop on
         # every acquire even when a slot is free, an extra loop turn per warm execution.
         self.limiter = asyncio.Semaphore(s.max_concurrent_executions)
         self._expiry = asyncio.create_task(self._expire_loop())
 
     async def stop(self) -> None:
+        if self.zygote is not None:
+            await anyio.to_thread.run_sync(self.zygote.close)
         if self._expiry is not None:
             self._expiry.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -285,7 +285,7 @@ def test_sandbox_failure_is_200_with_status_sandboxerror(sb: LocalSandbox, monke
     async def broken(*args: Any, **kwargs: Any) -> Any:
         raise SandboxUnavailable("worker could not start (simulated)")
 
-    with client(sb) as http:
+    with client(sb, oneshot="worker") as http:  # the zygote path: tests/sandbox/test_zygote.py
         monkeypatch.setattr(sb, "run_async", broken)
         verl = VerlClient(http, f"/{TOKEN}/run_code")
         answer, error = verl.call("print(1)")

@@ -1,0 +1,322 @@
+"""Hostile suite for one-shot ``/run_code``, run against both paths: the zygote and pooled workers.
+
+Each test sends what a hostile or careless program would through the real HTTP app (in-process),
+then checks from the host that nothing leaked: files, processes, signals, network, capabilities.
+The zygote-only tests cover what a fork server adds: its own survival, crash replacement, and no
+descriptor or memory growth over 1000 requests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from sandbox import LocalSandbox
+from sandbox.bwrap.launcher import LaunchConfig
+from sandbox.http.server.app import create_app
+from sandbox.http.settings import SandboxSettings
+from sandbox.limits import DEFAULT_LIMITS
+from sandbox.zygote import Zygote
+from tests.sandbox.conftest import need_bwrap
+
+PATHS = ("zygote", "worker")
+
+
+@pytest.fixture(scope="module", params=PATHS)
+def http(request: pytest.FixtureRequest, sb: LocalSandbox) -> Iterator[TestClient]:
+    with TestClient(create_app(SandboxSettings(oneshot=request.param), sandbox=sb)) as client:
+        state = client.app.state.sandbox_state  # type: ignore[attr-defined]
+        assert (state.zygote is not None) == (request.param == "zygote")
+        yield client
+
+
+def run(http: TestClient, code: str, **body: Any) -> dict[str, Any]:
+    r = http.post("/run_code", json={"code": code, "language": "python", "run_timeout": 10, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def stdout(answer: dict[str, Any]) -> str:
+    assert answer["run_result"] is not None, answer
+    return answer["run_result"]["stdout"]
+
+
+def zygote_of(http: TestClient) -> Zygote | None:
+    return http.app.state.sandbox_state.zygote  # type: ignore[attr-defined]
+
+
+def host_processes(marker: str) -> list[int]:
+    """Host pids whose command line contains ``marker`` (a sandboxed process is visible here)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if marker.encode() in f.read().replace(b"\0", b" "):
+                        found.append(int(pid))
+            except OSError:
+                continue
+    return found
+
+
+def gone(marker: str, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while host_processes(marker):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+# -- scratch ----------------------------------------------------------------------------------
+def test_a_file_written_by_one_request_is_not_seen_by_the_next(http: TestClient) -> None:
+    write = "import os\nfor p in ('/tmp/left', 'left', '/dev/shm/left'):\n    open(p, 'w').write('x')\nprint('ok')"
+    assert stdout(run(http, write)) == "ok\n"
+    look = "import os\nprint([os.path.exists(p) for p in ('/tmp/left', 'left', '/dev/shm/left')])"
+    assert stdout(run(http, look)) == "[False, False, False]\n"
+
+
+# -- processes --------------------------------------------------------------------------------
+def test_a_fork_bomb_is_contained(http: TestClient) -> None:
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    zygote = zygote_of(http)
+    before = zygote.pid if zygote else None
+    answer = run(http, bomb, run_timeout=2)
+    assert answer["run_result"]["status"] == "TimeLimitExceeded"
+    assert stdout(run(http, "print(6 * 7)")) == "42\n"
+    if zygote is not None:
+        assert zygote.pid == before and zygote.ping()["running"] == 0
+
+
+def test_a_daemon_does_not_outlive_its_request(http: TestClient) -> None:
+    daemon = (
+        "import os\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        os.execv('/bin/sleep', ['sleep', '4321.5'])\n"
+        "    os._exit(0)\n"
+        "print('parent done')\n"
+    )
+    assert stdout(run(http, daemon)) == "parent done\n"
+    assert gone("sleep 4321.5")
+
+
+def test_a_timeout_kills_the_tree_and_keeps_what_was_printed(http: TestClient) -> None:
+    code = (
+        "print('before the timeout', flush=True)\n"
+        "import subprocess, time\n"
+        "subprocess.Popen(['/bin/sleep', '4321.6'])\n"
+        "time.sleep(60)\n"
+    )
+    t0 = time.monotonic()
+    answer = run(http, code, run_timeout=4)
+    assert answer["run_result"]["status"] == "TimeLimitExceeded"
+    assert "before the timeout" in stdout(answer)
+    assert time.monotonic() - t0 < 20
+    assert gone("sleep 4321.6")
+
+
+def test_a_memory_hog_fails_within_its_own_limit(http: TestClient) -> None:
+    zygote = zygote_of(http)
+    before = zygote.pid if zygote else None
+    answer = run(http, "x = bytearray(1 << 30)\nprint('allocated')", memory_limit_MB=256)
+    result = answer["run_result"]
+    assert "allocated" not in result["stdout"]
+    assert result["return_code"] != 0
+    assert "MemoryError" in result["stderr"] or result["return_code"] in (-9, 137)
+    assert stdout(run(http, "print('still here')")) == "still here\n"
+    if zygote is not None:
+        assert zygote.pid == before
+
+
+def test_a_request_cannot_signal_or_trace_anything_outside_itself(http: TestClient) -> None:
+    """A hostile request kills every pid it can name and tries to ptrace pid 1; a concurrent
+    request and the zygote carry on."""
+    hostile = (
+        "import ctypes, os, signal\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "traced = libc.ptrace(16, 1, 0, 0)\n"  # PTRACE_ATTACH to pid 1
+        "try:\n"
+        "    os.listdir('/proc/1/fd'); fds = 'readable'\n"
+        "except OSError:\n"
+        "    fds = 'denied'\n"
+        "me = os.getpid()\n"
+        "for pid in range(1, 4096):\n"
+        "    if pid != me:\n"
+        "        try:\n"
+        "            os.kill(pid, signal.SIGKILL)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "print(traced, fds)\n"
+    )
+    zygote = zygote_of(http)
+    before = zygote.pid if zygote else None
+    bystander: dict[str, Any] = {}
+
+    def patient() -> None:
+        bystander.update(run(http, "import time\ntime.sleep(3)\nprint('alive')"))
+
+    t = threading.Thread(target=patient)
+    t.start()
+    time.sleep(1.0)
+    answer = run(http, hostile)
+    t.join()
+    assert stdout(bystander) == "alive\n"
+    if zygote is not None:
+        assert stdout(answer) == "-1 denied\n"  # pid 1 is the request's own supervisor
+        assert zygote.pid == before and stdout(run(http, "print(1)")) == "1\n"
+
+
+def test_no_capabilities_and_no_new_privileges(http: TestClient) -> None:
+    code = (
+        "import os\n"
+        "status = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+        "print(os.getuid() != 0, status['CapEff'].strip(), status['NoNewPrivs'].strip())\n"
+    )
+    out = stdout(run(http, code)).split()
+    assert out[0] == "True" and int(out[1], 16) == 0
+    if zygote_of(http) is not None:
+        assert out[2] == "1" and "0000000000000000" in stdout(
+            run(http, "print(open('/proc/self/status').read().split('CapBnd:')[1].split()[0])")
+        )
+
+
+def test_only_the_requests_own_descriptors_are_open(http: TestClient) -> None:
+    code = "import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd'))[:3])"
+    assert stdout(run(http, code)) == "[0, 1, 2]\n"
+    if zygote_of(http) is not None:
+        code = "import os\nprint(len(os.listdir('/proc/self/fd')))"
+        assert stdout(run(http, code)) == "4\n"  # 0, 1, 2 and the listing itself
+
+
+# -- network ----------------------------------------------------------------------------------
+def test_no_network_and_no_loopback_shared_between_requests(http: TestClient) -> None:
+    outside = (
+        "import socket\n"
+        "for addr in (('1.1.1.1', 80), ('10.0.2.2', 80)):\n"
+        "    try:\n"
+        "        socket.create_connection(addr, timeout=1); print('connected')\n"
+        "    except OSError:\n"
+        "        print('refused')\n"
+    )
+    assert stdout(run(http, outside)) == "refused\nrefused\n"
+    listen = (
+        "import socket, time\n"
+        "s = socket.socket()\n"
+        "try:\n"
+        "    s.bind(('127.0.0.1', 47123)); s.listen(); print('listening', flush=True)\n"
+        "except OSError as e:\n"
+        "    print('no loopback', flush=True)\n"
+        "time.sleep(3)\n"
+    )
+    t = threading.Thread(target=run, args=(http, listen))
+    t.start()
+    time.sleep(1.0)
+    probe = (
+        "import socket\n"
+        "try:\n"
+        "    socket.create_connection(('127.0.0.1', 47123), timeout=1); print('reached')\n"
+        "except OSError:\n"
+        "    print('isolated')\n"
+    )
+    assert stdout(run(http, probe)) == "isolated\n"
+    t.join()
+
+
+# -- semantics a script relies on -------------------------------------------------------------
+def test_script_semantics(http: TestClient) -> None:
+    code = (
+        "import sys\n"
+        "print(__name__, sys.argv[0].endswith('.py'), input())\n"
+        "sys.stderr.write('err\\n')\n"
+        "raise SystemExit(3)\n"
+    )
+    answer = run(http, code, stdin="hello")
+    result = answer["run_result"]
+    assert (result["stdout"], result["stderr"], result["return_code"]) == ("__main__ True hello\n", "err\n", 3)
+    boom = run(http, "def f():\n    raise ValueError('boom')\nf()")["run_result"]
+    assert boom["return_code"] == 1 and boom["stderr"].startswith("Traceback")
+    assert "ValueError: boom" in boom["stderr"] and "sandbox" not in boom["stderr"]
+    seeds = {stdout(run(http, "import random\nprint(random.random())")) for _ in range(3)}
+    assert len(seeds) == 3  # each request reseeds: no shared random state
+
+
+# -- the zygote itself ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Zygote]:
+    need_bwrap()
+    z = Zygote(LaunchConfig(), DEFAULT_LIMITS, slots=8)
+    z.start()
+    yield z
+    z.close()
+
+
+def zygote_process(z: Zygote) -> int:
+    """Host pid of the zygote's interpreter: the first process under bubblewrap's two."""
+    pid = z.pid
+    assert pid is not None
+    while True:
+        with open(f"/proc/{pid}/comm") as f:
+            if f.read().strip() != "bwrap":
+                return pid
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            pid = int(f.read().split()[0])
+
+
+def test_a_dead_zygote_is_replaced_and_in_flight_requests_fail_cleanly(zygote: Zygote) -> None:
+    assert zygote.run(code="print(1)", timeout_s=5)["run"]["stdout"] == "1\n"
+    starts = zygote.starts
+    errors: list[Exception] = []
+
+    def slow() -> None:
+        try:
+            zygote.run(code="import time\ntime.sleep(5)", timeout_s=10)
+        except Exception as e:
+            errors.append(e)
+
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(1.0)
+    os.kill(zygote_process(zygote), signal.SIGKILL)
+    t.join(30)
+    assert errors and "zygote" in str(errors[0])
+    assert zygote.run(code="print(2)", timeout_s=5)["run"]["stdout"] == "2\n"
+    assert zygote.starts == starts + 1
+
+
+@pytest.mark.slow
+def test_1000_requests_leak_no_descriptors_or_memory(zygote: Zygote) -> None:
+    def one(i: int) -> None:
+        out = zygote.run(code=f"print({i} * 2)", timeout_s=10)["run"]["stdout"]
+        assert out == f"{i * 2}\n"
+
+    for i in range(20):  # warm: lazily allocated buffers, the first replies
+        one(i)
+    pid = zygote_process(zygote)
+    fds_before = len(os.listdir(f"/proc/{pid}/fd"))
+    rss_before = _rss_kb(pid)
+    threads = [threading.Thread(target=lambda k=k: [one(k * 125 + j) for j in range(125)]) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert zygote_process(zygote) == pid, "the zygote was replaced during the run"
+    assert len(os.listdir(f"/proc/{pid}/fd")) == fds_before
+    assert _rss_kb(pid) - rss_before < 2048, (rss_before, _rss_kb(pid))
+    assert zygote.ping()["running"] == 0
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
