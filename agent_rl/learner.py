@@ -31,7 +31,7 @@ from agent_rl.loss import PPOLossConfig, ppo_loss
 from agent_rl.offpolicy import ISCorrection, importance_weights, mismatch_metrics
 from agent_rl.overlong import OverlongConfig, overlong_loss_mask, shape_overlong_rewards
 from agent_rl.packing import packed_token_stats
-from agent_rl.parallel import Shard, all_reduce_sum, combine_micro_metrics, sum_gradients
+from agent_rl.parallel import Shard, all_reduce_sum, combine_micro_metrics, lockstep, sum_gradients
 
 
 def step_metrics(scored: ScoredBatch) -> dict[str, float]:
@@ -62,6 +62,12 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
             f"{type(model).__name__} does not support gradient checkpointing; set train.activation_checkpointing=false"
         )
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def _scalar(norm: torch.Tensor) -> float:
+    """A gradient norm as a float; under FSDP it is a DTensor (already reduced over the ranks)."""
+    full = getattr(norm, "full_tensor", None)
+    return float(full() if full is not None else norm)
 
 
 class Learner:
@@ -244,6 +250,12 @@ class Learner:
         out.loss.backward()
         return {k: float(v) for k, v in out.metrics.items()}
 
+    def _idle_pass(self, batch: ScoredBatch) -> None:
+        """A forward/backward that adds an exactly-zero gradient (loss x 0 on one real row): under
+        FSDP it lets a rank with fewer micro-batches join the others' collectives (`lockstep`)."""
+        stats = self._stats(self.model, batch.rows(torch.tensor([0])).rollout, entropy=False, sum_p2=False)
+        (stats.log_probs.sum() * 0.0).backward()
+
     def update(self, batch: ScoredBatch, shard: Shard | None = None) -> dict[str, float]:
         """PPO epochs x minibatches, each an optimiser step accumulated over micro-batches.
 
@@ -265,14 +277,20 @@ class Learner:
                 minibatch = batch.rows(mb_idx)
                 denominator = self._denominator(minibatch, shard)
                 self.optimizer.zero_grad(set_to_none=True)
-                for idx in self._micro_batches(len(mb_idx), shuffle=False):
+                micros: list[torch.Tensor | None] = list(self._micro_batches(len(mb_idx), shuffle=False))
+                if shard is not None and shard.lockstep:  # FSDP: as many passes as every other rank
+                    micros = lockstep(micros, denominator.device)  # type: ignore[arg-type]
+                for idx in micros:
+                    if idx is None:
+                        self._idle_pass(batch)
+                        continue
                     if len(idx) == 0:  # a minibatch with no rows here (a rank's share may be empty)
                         continue
                     record = self._accumulate(minibatch.rows(idx), denominator)
                     self.micro_metrics.append((len(norms), record))
-                if shard is not None:
+                if shard is not None and not shard.lockstep:  # (FSDP reduce-scatters by itself)
                     sum_gradients([p for p in params if p.requires_grad])
-                norms.append(float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)))
+                norms.append(_scalar(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)))
                 self.optimizer.step()
                 self.scheduler.step()
         metrics = combine_micro_metrics(self.micro_metrics)

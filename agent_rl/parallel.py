@@ -28,6 +28,9 @@ class Shard:
     """(b,) long: global indices of this rank's rows, in the order they appear in its batch."""
     total: int
     """Rows in the global batch."""
+    lockstep: bool = False
+    """The model is sharded (FSDP): every forward/backward is a collective, so all ranks must run
+    the same number of them (see `lockstep`), and FSDP itself sums the gradients (no `sum_gradients`)."""
 
     def local(self, global_idx: torch.Tensor) -> torch.Tensor:
         """Positions in this rank's batch of the `global_idx` rows it holds (order kept, others dropped)."""
@@ -70,6 +73,27 @@ def sum_gradients(params: list[torch.nn.Parameter]) -> None:
     for p, n in zip(params, had.tolist()):
         if n == 0:
             p.grad = None
+
+
+def lockstep(micro_batches: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | None]:
+    """This rank's non-empty micro-batches padded with None up to the most any rank has.
+
+    Why: under FSDP each forward all-gathers and each backward reduce-scatters, so a rank that ran
+    fewer passes than another would leave it waiting forever in a collective. A None is a pass
+    that contributes an exactly-zero gradient (`Learner.update` runs it on a real row, loss x 0).
+    """
+    own = [idx for idx in micro_batches if len(idx)]
+    most = all_reduce_max(torch.tensor(float(len(own))), device)
+    return [*own, *[None] * (int(most) - len(own))]
+
+
+def all_reduce_max(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Max of `t` over the ranks (on `device`), returned on t's device."""
+    import torch.distributed as dist
+
+    buf = t.to(device, copy=True)
+    dist.all_reduce(buf, op=dist.ReduceOp.MAX)
+    return buf.to(t.device)
 
 
 SUMMED = frozenset({"losses/loss", "losses/pg_loss", "losses/kl_ref", "losses/entropy", "losses/n_tokens"})

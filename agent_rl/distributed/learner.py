@@ -76,6 +76,11 @@ class LearnerSpec:
     """Intra-op threads; None = the actor's CPU share (at least 1)."""
     timeout_s: float = 600.0
     """Deadline for one call (and the torch.distributed collective timeout)."""
+    sharding: str = "none"
+    """'none': a full replica per rank; 'fsdp': FSDP2 shards of parameters, gradients and AdamW
+    state (agent_rl/sharding.py), so every method that touches weights is a collective."""
+    param_dtype: str | None = None
+    """FSDP compute dtype ('bfloat16' = bf16 mixed precision); None = the model's dtype."""
 
 
 def _to(obj: Any, device: torch.device | str) -> Any:
@@ -99,9 +104,14 @@ class LearnerRank:
         model, _ = build.load_model_and_tokenizer(spec.model_path, spec.dtype, spec.device)
         model.load_state_dict(weights)  # identical replicas: every rank starts from the driver's weights
         # As in the trainer: the reference policy is the initial one, never the warmed-up or resumed one.
-        ref = copy.deepcopy(model).eval().requires_grad_(False) if spec.algo.kl_coef > 0 else None
-        self.learner = Learner(model, spec.algo, spec.train, temperature=spec.temperature, ref_model=ref)
+        # Under FSDP it stays a full replica (no-grad forwards only; sharding it is not built).
+        self.ref = copy.deepcopy(model).eval().requires_grad_(False) if spec.algo.kl_coef > 0 else None
+        self.fsdp = spec.sharding == "fsdp"
         self.device = next(model.parameters()).device
+        # FSDP replaces the parameters when it shards (after the process group exists), so the
+        # optimiser is built then; a replica gets its Learner now.
+        self.learner = self._learner(model)
+        self._model = model
         self._scored: ScoredBatch | None = None
         self._shard: Shard | None = None
         self._stall_s = 0.0
@@ -126,14 +136,32 @@ class LearnerRank:
             world_size=self.world_size,
             timeout=timedelta(seconds=self.spec.timeout_s),
         )
+        if self.fsdp:
+            from agent_rl.sharding import ShardingSpec, shard_model
+
+            shard_model(self._model, ShardingSpec(param_dtype=self.spec.param_dtype))
+            self.learner = self._learner(self._model)
         return self.rank
+
+    def _learner(self, model: torch.nn.Module) -> Learner:
+        spec = self.spec
+        return Learner(model, spec.algo, spec.train, temperature=spec.temperature, ref_model=self.ref)
+
+    def _gathered(self) -> Any:
+        """Under FSDP, every parameter gathered for a stretch of no-grad forwards (a collective)."""
+        from contextlib import nullcontext
+
+        from agent_rl.sharding import gathered
+
+        return gathered(self.learner.model) if self.fsdp else nullcontext()
 
     # -- one step ----------------------------------------------------------------------------------
     def prepare(self, batch: RolloutBatch, rows: torch.Tensor, total: int) -> ScoredBatch:
         """Score this rank's shard and add advantages; kept for `update`, returned on the CPU."""
         self._stall()
-        self._shard = Shard(rows, total)
-        self._scored = self.learner.prepare(batch.to(self.device))
+        self._shard = Shard(rows, total, lockstep=self.fsdp)
+        with self._gathered():  # FSDP: ranks score shards of different sizes, so no per-forward collectives
+            self._scored = self.learner.prepare(batch.to(self.device))
         return self._scored.to("cpu")
 
     def diagnose(self, scored: ScoredBatch) -> dict[str, float]:
@@ -151,24 +179,70 @@ class LearnerRank:
 
     # -- state -------------------------------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
-        return _to(self.learner.model.state_dict(), "cpu")
+        """The full weights on the CPU. Under FSDP a collective (call on every rank); ranks other
+        than 0 then return {} so only rank 0's copy lands in the object store."""
+        if not self.fsdp:
+            return _to(self.learner.model.state_dict(), "cpu")
+        from agent_rl.sharding import full_model_state
+
+        full = full_model_state(self.learner.model)
+        return full if self.rank == 0 else {}
 
     def load_weights(self, weights: Mapping[str, Any]) -> None:
-        self.learner.model.load_state_dict(weights)
+        if not self.fsdp:
+            self.learner.model.load_state_dict(weights)
+            return
+        from agent_rl.sharding import load_full_model_state
+
+        load_full_model_state(self.learner.model, weights)
 
     def state_dict(self) -> dict[str, Any]:
-        return _to(self.learner.state_dict(), "cpu")
+        """The in-process Learner's format. Under FSDP gathered from the shards (a collective: every
+        rank calls it; ranks other than 0 return {}), so a checkpoint loads into any layout."""
+        if not self.fsdp:
+            return _to(self.learner.state_dict(), "cpu")
+        from agent_rl.sharding import full_model_state, full_optimizer_state
+
+        model, optimizer = full_model_state(self.learner.model), full_optimizer_state(self.learner.optimizer)
+        if self.rank != 0:
+            return {}
+        return {
+            "model": model,
+            "optimizer": optimizer,
+            "scheduler": self.learner.scheduler.state_dict(),
+            "generator": self.learner.generator.get_state(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.learner.load_state_dict(state)
+        if not self.fsdp:
+            self.learner.load_state_dict(state)
+            return
+        from agent_rl.sharding import load_full_model_state, load_full_optimizer_state
+
+        load_full_model_state(self.learner.model, state["model"])
+        load_full_optimizer_state(self.learner.optimizer, state["optimizer"])
+        self.learner.scheduler.load_state_dict(state["scheduler"])
+        self.learner.generator.set_state(state["generator"])
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters, gradients and AdamW state, and its peak RSS."""
+        import resource
+
+        from agent_rl.sharding import local_bytes
+
+        out = local_bytes(self.learner.model, self.learner.optimizer)
+        out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+        return out
 
     def digest(self) -> str:
         """A hash of every parameter's bytes: equal on all ranks iff the replicas are identical."""
         import hashlib
 
+        from agent_rl.sharding import full_value
+
         h = hashlib.sha256()
-        for p in self.learner.model.parameters():
-            h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        for p in self.learner.model.parameters():  # under FSDP: the gathered parameter (a collective)
+            h.update(full_value(p.detach()).cpu().contiguous().view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
 
     def gradients(self) -> dict[str, torch.Tensor]:
@@ -178,8 +252,10 @@ class LearnerRank:
         rounding in a tiny gradient into a visible parameter difference, so two learners are
         compared on what goes into the optimiser, not on what comes out of it.
         """
-        return {
-            name: p.grad.detach().to("cpu").clone()
+        from agent_rl.sharding import full_value
+
+        return {  # under FSDP: gathered (a collective; every rank calls it)
+            name: full_value(p.grad.detach()).to("cpu").clone()
             for name, p in self.learner.model.named_parameters()
             if p.grad is not None
         }
@@ -193,6 +269,20 @@ class LearnerRank:
         if self._stall_s:
             seconds, self._stall_s = self._stall_s, 0.0
             time.sleep(seconds)
+
+
+def check_sharding(spec: LearnerSpec) -> None:
+    """Refuse FSDP with what needs per-sample backward passes on a full model (a rank-local
+    backward would be a collective the other ranks never join)."""
+    if spec.sharding not in ("none", "fsdp"):
+        raise ValueError(f"unknown learner sharding {spec.sharding!r}: 'none' or 'fsdp'")
+    from agent_rl.advantages.registry import required_inputs
+
+    if spec.sharding == "fsdp" and "grad_sq_norms" in required_inputs(spec.algo.estimator):
+        raise ValueError(
+            f"algo.estimator={spec.algo.estimator!r} needs exact per-sequence gradient norms (one backward "
+            "per sample on one rank), which FSDP cannot run; use scale.learner_sharding=none"
+        )
 
 
 def shard_rows(group_index: torch.Tensor, num_ranks: int) -> list[torch.Tensor]:
@@ -227,6 +317,7 @@ class RayLearner:
     def __init__(self, spec: LearnerSpec, num_ranks: int, weights: Mapping[str, Any]) -> None:
         if num_ranks < 1:
             raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
+        check_sharding(spec)
         self.ray = import_ray()
         if not self.ray.is_initialized():
             raise RuntimeError("RayLearner needs a Ray connection; call ensure_ray() or ray.init() first")
@@ -256,6 +347,8 @@ class RayLearner:
             num_gpus=1.0 if on_gpu else 0.0,
             torch_threads=cfg.model.cpu_threads,
             timeout_s=scale.learner_timeout_s,
+            sharding=scale.learner_sharding,
+            param_dtype=None if scale.fsdp_param_dtype == "model" else scale.fsdp_param_dtype,
         )
         return cls(spec, scale.learner_workers, weights)
 
@@ -297,6 +390,8 @@ class RayLearner:
         refs = [r.prepare.remote(batch.rows(idx), idx, total) for r, idx in zip(self.ranks, rows)]
         scored = gather_rows(self._gather(refs, None, "score"), rows)
         metrics = step_metrics(scored)
+        if diagnose and self.spec.sharding == "fsdp":
+            raise ValueError("gradient diagnostics need a full model on rank 0: not with scale.learner_sharding=fsdp")
         if diagnose:
             metrics.update(self._gather([self.ranks[0].diagnose.remote(scored)], [0], "diagnose")[0])
         results = self._gather([r.update.remote() for r in self.ranks], None, "update")
@@ -306,9 +401,13 @@ class RayLearner:
     def weights_ref(self) -> Any:
         """Rank 0's current weights as an object-store reference (for RayRollout.update_weights):
         the rollout workers fetch them from rank 0's node without a round trip through the driver."""
-        ref = self.ranks[0].weights.remote()
-        self._wait([ref], [0], "weights")
-        return ref
+        if self.spec.sharding != "fsdp":
+            ref = self.ranks[0].weights.remote()
+            self._wait([ref], [0], "weights")
+            return ref
+        refs = [r.weights.remote() for r in self.ranks]  # gathering the shards: every rank takes part
+        self._wait(refs, None, "weights")
+        return refs[0]
 
     def load_weights(self, weights: Mapping[str, Any]) -> None:
         """Set the policy weights on every rank, optimiser untouched (after the driver's warm-up)."""
@@ -317,7 +416,9 @@ class RayLearner:
 
     def state_dict(self) -> dict[str, Any]:
         """Rank 0's learner state, in the in-process Learner's format (so checkpoints stay the same)."""
-        return self._gather([self.ranks[0].state_dict.remote()], [0], "state_dict")[0]
+        if self.spec.sharding != "fsdp":
+            return self._gather([self.ranks[0].state_dict.remote()], [0], "state_dict")[0]
+        return self._gather([r.state_dict.remote() for r in self.ranks], None, "state_dict")[0]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load one learner state (any learner_workers wrote it) into every rank."""

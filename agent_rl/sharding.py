@@ -1,0 +1,189 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`) for the learner ranks: shard, gather, load.
+
+Why a module of its own: the data-parallel learner (agent_rl/parallel.py, `Learner.update` with a
+`Shard`) keeps a full replica per rank; with `scale.learner_sharding: fsdp` each rank instead keeps
+1/world of every parameter, gradient and AdamW moment (DTensors sharded on dim 0), and the full
+weights exist only transiently, one decoder layer at a time, inside forward and backward. What
+that changes for the callers, and what lives here:
+
+- every forward/backward all-gathers parameters and every backward reduce-scatters gradients, so
+  all ranks must run the SAME number of passes (`Learner.update` pads a rank that has fewer
+  micro-batches with zero-loss passes, see `parallel.lockstep`);
+- scoring (no-grad forwards over a rank's own, differently sized shard) runs inside `gathered`,
+  which all-gathers every parameter once on all ranks and keeps them gathered, so the rank's
+  forwards issue no collective at all;
+- weights for the rollout engine and checkpoints are gathered to full tensors (`full_state`):
+  a collective, so every rank calls it; the result is the in-process format (parameter names and
+  AdamW's index-keyed state), so a checkpoint resumes with any number of ranks, sharded or not.
+
+Gradients are SUMMED over ranks (`set_gradient_divide_factor(1)`): the loss is already divided by
+the global token/sequence count, exactly as in the replicated path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class ShardingSpec:
+    """How a rank shards its model (plain data: pickled to Ray actors)."""
+
+    param_dtype: str | None = None
+    """Compute dtype of the gathered weights ('bfloat16' = bf16 mixed precision, gradients reduced
+    in float32 and kept in the parameters' float32); None = the model's own dtype, no casting."""
+
+
+def _layers(decoder: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks to shard one by one (HF decoders keep them in `.layers`)."""
+    for name in ("layers", "h", "blocks"):
+        node = getattr(decoder, name, None)
+        if isinstance(node, torch.nn.ModuleList):
+            return list(node)
+    return []
+
+
+def shard_model(model: torch.nn.Module, spec: ShardingSpec = ShardingSpec()) -> torch.nn.Module:
+    """`fully_shard` each decoder layer, then the backbone and the LM head together, in place.
+
+    Needs an initialised default process group; every rank must call it with the same model.
+    Per-layer units bound the transient full weights to one layer (plus the outer unit) at a time.
+
+    Why the backbone and the head as ONE unit rather than the whole model: the learner's log-prob
+    pass (`logprobs.causal_lm_token_stats`) calls the backbone and then reads the head's weight
+    directly, never the model's own forward, so a unit on the whole model would never gather.
+    Grouped, the backbone's forward gathers the head too (the outermost unit stays gathered until
+    the backward), and a tied head and embedding stay one parameter.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy()
+    if spec.param_dtype is not None:
+        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, spec.param_dtype), reduce_dtype=torch.float32)
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    covered = {id(p) for m in (decoder, head) if m is not None for p in m.parameters()}
+    stray = [n for n, p in model.named_parameters() if id(p) not in covered]
+    if stray:
+        raise NotImplementedError(f"parameters outside the backbone and the LM head cannot be sharded: {stray[:3]}")
+    for layer in _layers(decoder):
+        fully_shard(layer, mp_policy=mp)
+    # Never resharded after its forward: the head's weight is read after the backbone returns.
+    fully_shard([decoder, head] if head is not None else decoder, mp_policy=mp, reshard_after_forward=False)
+    for module in fsdp_modules(model):
+        module.set_gradient_divide_factor(1.0)  # sum: the loss is already divided by the global count
+    return model
+
+
+def fsdp_modules(model: torch.nn.Module) -> list[Any]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return bool(fsdp_modules(model))
+
+
+@contextmanager
+def gathered(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """All-gather every parameter once (a collective: all ranks enter together) and keep it
+    gathered until exit, so the forwards inside issue no collective and ranks may run any number
+    of them (a rank scores its own shard). For no-grad use: a backward inside would reduce-scatter."""
+    modules = fsdp_modules(model)
+    # Restored on exit: the outer unit must keep NOT resharding after its forward, because the
+    # head's weight is read after the backbone's forward returns (see `shard_model`).
+    before = [m._get_fsdp_state()._fsdp_param_group._reshard_after_forward for m in modules]
+    for m in modules:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.unshard()
+    try:
+        yield model
+    finally:
+        for m, value in zip(modules, before):
+            m.reshard()
+            m.set_reshard_after_forward(value, recurse=False)
+
+
+def full_value(t: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _local_like(like: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of `full` laid out as `like` (a DTensor), cut locally: every rank holds
+    the same full tensor, so no communication is needed."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(like, DTensor):
+        return full.to(like.device, like.dtype)
+    full = full.to(like.to_local().device, like.dtype)
+    return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state dict as plain CPU tensors (a collective: call it on every rank)."""
+    return {k: full_value(v).detach().to("cpu") for k, v in model.state_dict().items()}
+
+
+def load_full_model_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Load a plain (unsharded) state dict into a sharded model; every rank passes the same one."""
+    own = model.state_dict()
+    missing, unexpected = set(own) - set(state), set(state) - set(own)
+    if missing or unexpected:
+        raise KeyError(f"state dict does not match the model: missing {sorted(missing)[:3]}, "
+                       f"unexpected {sorted(unexpected)[:3]}")
+    with torch.no_grad():
+        for name, value in own.items():
+            value.copy_(_local_like(value, state[name]))
+
+
+def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """`optimizer.state_dict()` with every sharded moment gathered (a collective): the format of an
+    unsharded optimizer over the same parameters in the same order."""
+    state = optimizer.state_dict()
+    state["state"] = {
+        i: {k: full_value(v).detach().to("cpu") if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+        for i, s in state["state"].items()
+    }
+    return state
+
+
+def load_full_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """The inverse of `full_optimizer_state`: each rank keeps its shard of every moment."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    sharded = {
+        i: {
+            k: _local_like(params[i], v) if isinstance(v, torch.Tensor) and v.shape == params[i].shape else v
+            for k, v in s.items()
+        }
+        for i, s in state["state"].items()
+    }
+    optimizer.load_state_dict({**state, "state": sharded})
+
+
+def local_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
+    """Bytes this rank holds for parameters, gradients and optimiser state (local shards only)."""
+
+    def size(t: Any) -> int:
+        from torch.distributed.tensor import DTensor
+
+        if not isinstance(t, torch.Tensor):
+            return 0
+        local = t.to_local() if isinstance(t, DTensor) else t
+        return local.numel() * local.element_size()
+
+    params = list(model.parameters())
+    out = {
+        "params": sum(size(p) for p in params),
+        "grads": sum(size(p.grad) for p in params if p.grad is not None),
+        "optimizer": 0,
+    }
+    if optimizer is not None:
+        out["optimizer"] = sum(size(v) for s in optimizer.state.values() for v in s.values())
+    return out
