@@ -11,24 +11,29 @@ Requests: ``{"op": "run", "id": n, "code": str, "stdin": str, "timeout_s": float
 "files": {...}, "missing": [...]}``) or ``{"id": n, "error": str}``. Requests run concurrently;
 replies come in completion order.
 
-Per request, three processes (why each exists):
+Per request, two processes (why each exists):
 
-* S, the supervisor, forked from the zygote. It closes every descriptor but its result pipe (so
-  nothing below it can reach the zygote's control channel), unshares new user, mount, pid, ipc,
-  uts and network namespaces, maps only its own uid, and mounts fresh tmpfs over /tmp, /workspace
-  and /dev/shm: each request gets an empty private scratch and loopback. It feeds stdin, keeps the
-  output up to the cap, enforces the wall-clock timeout and writes the report.
-* P, pid 1 of the new pid namespace: mounts a /proc that shows only this request, drops every
-  capability, reaps orphans and reports the program's wait status. When P exits the kernel kills
-  everything left in the namespace, so a daemon (double fork, setsid) cannot outlive the request;
-  killing P is how S kills the whole tree on a timeout. P dies with S (PDEATHSIG).
-* Q, the program: rlimits (address space, processes, file size, descriptors, CPU), no
-  capabilities, no_new_privs, then the code runs as ``__main__`` in this preloaded interpreter
-  (no exec: that is what makes a one-shot cheap).
+* S, the supervisor, cloned from the zygote straight into new user, pid, mount, ipc, uts and
+  network namespaces (one raw clone(2): fork's CPU is most of a one-shot's cost, so no extra
+  fork + unshare step). It is pid 1 of its namespace. It closes every descriptor but its result
+  pipe (so nothing below it can reach the zygote's control channel), maps only its own uid, mounts
+  fresh tmpfs over /tmp, /workspace and /dev/shm and a /proc that shows only this request, makes
+  itself non-dumpable (the program, same uid, cannot ptrace it or read /proc/1/*), feeds stdin,
+  keeps the output up to the cap, enforces the wall-clock timeout and writes the report. When the
+  program ends or times out S kills everything left in the namespace (kill(-1) from pid 1), so a
+  daemon (double fork, setsid) cannot outlive the request. S dies with the zygote (PDEATHSIG), and
+  with S the whole namespace.
+* Q, the program, an ordinary fork of S: rlimits (address space, processes, file size,
+  descriptors, CPU), no capabilities (bounding set empty, no_new_privs), its own session, then the
+  code runs as ``__main__`` in this preloaded interpreter (no exec: that is what makes a one-shot
+  cheap).
 
-Q can name no process outside its pid namespace, so it cannot signal or ptrace the zygote, S or
-other requests; it holds no capability in any namespace, so it cannot unmount its /proc or tmpfs.
-Memory written by Q is its own copy-on-write copy; nothing flows back but S's report.
+Q can name no process outside its pid namespace, so it cannot signal or ptrace the zygote or other
+requests; signals to S, its pid 1, are dropped by the kernel; it holds no capability, so it cannot
+unmount its /proc or tmpfs. Memory written by Q is its own copy-on-write copy; nothing flows back
+but S's report. The zygote stays single-threaded (a clone would otherwise copy locks other threads
+hold), and ``gc.freeze()`` keeps the collector in a child from touching, and so copying, the
+preloaded heap.
 """
 
 import ctypes

@@ -15,14 +15,12 @@ otherwise be killed, state and all, the moment that thread ended.
 What is not covered: seccomp filtering, CPU shares, and GPU devices. The rlimits fallback (no
 bubblewrap) shares the host's filesystem view and network with the executed code.
 
-Why no fork server. Each one-shot here costs a full worker start: bubblewrap's namespaces and
-mounts (~5 ms of CPU), an interpreter (~10 ms) and our side (~3 ms), about twice a plain
-``python -c``. A warm zygote forking per one-shot into fresh mount/pid/ipc/net/uts namespaces
-with private tmpfs and /proc measured ~5 ms in a prototype. It is not done because it would give
-up guarantees bubblewrap gives us today: one-shots would share a uid (RLIMIT_NPROC and keyrings
-shared across concurrent one-shots, per-one-shot cgroups found through SCM_CREDENTIALS), the
-zygote must hold CAP_SYS_ADMIN and every child must drop it itself, and /dev, /dev/shm and IPC
-must be made private per child by hand. That needs its own hostile suite before it can ship.
+Fork server for one-shots: sandbox/zygote.py. Each one-shot here costs a full worker start
+(bubblewrap's namespaces and mounts, an interpreter, our side). SandboxFusion's ``/run_code`` for
+Python instead goes to a zygote started through this launcher (``ZygoteLauncher``: the same
+confinement, another program), which clones a child per request into fresh namespaces. What it
+gives up against one worker per one-shot (a shared host uid and shared cgroups across concurrent
+requests) is listed there, and its hostile suite is tests/sandbox/test_zygote.py.
 """
 
 from __future__ import annotations

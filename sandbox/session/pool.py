@@ -24,7 +24,8 @@ demand, as with one process per call, instead of queueing N callers behind ``max
 starts (on a shared machine that would hand most of the CPU to everything else). If the fillers
 fail (a broken launcher), the caller starts one itself and so gets the real error.
 
-Why no fork server for bubblewrap workers: see sandbox/bwrap/launcher.py.
+SandboxFusion's ``/run_code`` for Python bypasses this pool by default: a fork server
+(sandbox/zygote.py) makes those one-shots without starting a worker each.
 """
 
 from __future__ import annotations

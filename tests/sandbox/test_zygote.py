@@ -241,7 +241,11 @@ def test_script_semantics(http: TestClient) -> None:
     )
     answer = run(http, code, stdin="hello")
     result = answer["run_result"]
-    assert (result["stdout"], result["stderr"], result["return_code"]) == ("__main__ True hello\n", "err\n", 3)
+    assert (result["stdout"], result["stderr"], result["return_code"]) == (
+        "__main__ True hello\n",
+        "err\n",
+        3,
+    )
     boom = run(http, "def f():\n    raise ValueError('boom')\nf()")["run_result"]
     assert boom["return_code"] == 1 and boom["stderr"].startswith("Traceback")
     assert "ValueError: boom" in boom["stderr"] and "sandbox" not in boom["stderr"]
