@@ -116,13 +116,16 @@ def _spans(attention_mask: torch.Tensor) -> tuple[list[int], list[int]]:
     return starts.tolist(), lengths.tolist()
 
 
-def _check_positions(position_ids: torch.Tensor, starts: list[int], lengths: list[int]) -> None:
-    for i, (s, n) in enumerate(zip(starts, lengths)):
-        if not torch.equal(position_ids[i, s : s + n].cpu(), torch.arange(n)):
-            raise ValueError(
-                f"row {i}: position_ids over its real tokens must be 0..{n - 1} (as collate makes them); "
-                "packing restarts them per sequence and cannot keep other positions"
-            )
+def _check_positions(position_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    """position_ids must count 0..n-1 over each row's (contiguous) real tokens: packing restarts them."""
+    mask = attention_mask.bool()
+    wrong = (position_ids.to(mask.device) != mask.long().cumsum(1) - 1) & mask  # (B, L)
+    if wrong.any():
+        i = int(wrong.any(1).nonzero()[0])
+        raise ValueError(
+            f"row {i}: position_ids over its real tokens must be 0..n-1 (as collate makes them); "
+            "packing restarts them per sequence and cannot keep other positions"
+        )
 
 
 def pack_rows(
@@ -140,7 +143,7 @@ def pack_rows(
     prompt_len = input_ids.shape[1] - int(response_length)
     starts, lengths = _spans(attention_mask.cpu())
     if position_ids is not None:
-        _check_positions(position_ids, starts, lengths)
+        _check_positions(position_ids.cpu(), attention_mask.cpu())
     bins = first_fit_decreasing(lengths, budget)
     cpu_ids = input_ids.cpu()
     ids: list[torch.Tensor] = []
