@@ -6,6 +6,8 @@ Why a module of its own: the data-parallel learner (agent_rl/parallel.py, `Learn
 weights exist only transiently, one decoder layer at a time, inside forward and backward. What
 that changes for the callers, and what lives here:
 
+- each decoder layer is one unit; the embedding, final norm and LM head are the root unit of a
+  `ShardedLM` wrapper, because the learner calls the backbone and the head separately;
 - every forward/backward all-gathers parameters and every backward reduce-scatters gradients, so
   all ranks must run the SAME number of passes (`Learner.update` pads a rank that has fewer
   micro-batches with zero-loss passes, see `parallel.lockstep`);
@@ -48,35 +50,62 @@ def _layers(decoder: torch.nn.Module) -> list[torch.nn.Module]:
     return []
 
 
-def shard_model(model: torch.nn.Module, spec: ShardingSpec = ShardingSpec()) -> torch.nn.Module:
-    """`fully_shard` each decoder layer, then the backbone and the LM head together, in place.
+class ShardedLM(torch.nn.Module):
+    """The FSDP root around a HF causal LM: what the learner trains when the ranks shard.
+
+    Why a wrapper: the learner's log-prob pass (`logprobs.causal_lm_token_stats`) calls
+    `model.get_decoder()(...)` and then reads `model.get_output_embeddings().weight` itself; it never
+    calls the causal LM's own forward. FSDP gathers a unit's parameters in that unit's forward, so a
+    unit on the LM would never gather its embedding, final norm and head. Here `get_decoder()` is
+    the wrapper itself, whose forward runs the backbone: the root unit (embedding, norm, head, tied
+    or not) is gathered there, and as the root it stays gathered until the backward, so the head's
+    weight read after the backbone returns is the full tensor. Parameter names and the state dict
+    stay the LM's (`lm`); checkpoints use `lm.state_dict()`.
+    """
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+        self.config = getattr(lm, "config", None)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.lm.get_decoder()(*args, **kwargs)
+
+    def get_decoder(self) -> torch.nn.Module:
+        return self
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.lm.get_output_embeddings()
+
+    @property
+    def supports_gradient_checkpointing(self) -> bool:
+        return bool(getattr(self.lm, "supports_gradient_checkpointing", False))
+
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        self.lm.gradient_checkpointing_enable(**kwargs)
+
+
+def shard_model(model: torch.nn.Module, spec: ShardingSpec = ShardingSpec()) -> ShardedLM:
+    """`fully_shard` each decoder layer, then the rest (embedding, final norm, LM head) as the root
+    unit of a `ShardedLM` around `model`; the LM's parameters are replaced by DTensor shards in place.
 
     Needs an initialised default process group; every rank must call it with the same model.
-    Per-layer units bound the transient full weights to one layer (plus the outer unit) at a time.
-
-    Why the backbone and the head as ONE unit rather than the whole model: the learner's log-prob
-    pass (`logprobs.causal_lm_token_stats`) calls the backbone and then reads the head's weight
-    directly, never the model's own forward, so a unit on the whole model would never gather.
-    Grouped, the backbone's forward gathers the head too (the outermost unit stays gathered until
-    the backward), and a tied head and embedding stay one parameter.
+    Per-layer units bound the transient full weights to one layer (plus the root's) at a time.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy()
     if spec.param_dtype is not None:
         mp = MixedPrecisionPolicy(param_dtype=getattr(torch, spec.param_dtype), reduce_dtype=torch.float32)
-    decoder, head = model.get_decoder(), model.get_output_embeddings()
-    covered = {id(p) for m in (decoder, head) if m is not None for p in m.parameters()}
-    stray = [n for n, p in model.named_parameters() if id(p) not in covered]
-    if stray:
-        raise NotImplementedError(f"parameters outside the backbone and the LM head cannot be sharded: {stray[:3]}")
-    for layer in _layers(decoder):
+    for layer in _layers(model.get_decoder()):
         fully_shard(layer, mp_policy=mp)
-    # Never resharded after its forward: the head's weight is read after the backbone returns.
-    fully_shard([decoder, head] if head is not None else decoder, mp_policy=mp, reshard_after_forward=False)
-    for module in fsdp_modules(model):
+    root = ShardedLM(model)
+    # Explicitly never resharded after its forward (what FSDP does for a root anyway once it has
+    # run): the head's weight is read after the backbone returns; `gathered` restores this value.
+    fully_shard(root, mp_policy=mp, reshard_after_forward=False)
+    for module in fsdp_modules(root):
         module.set_gradient_divide_factor(1.0)  # sum: the loss is already divided by the global count
-    return model
+    return root
 
 
 def fsdp_modules(model: torch.nn.Module) -> list[Any]:

@@ -139,8 +139,9 @@ class LearnerRank:
         if self.fsdp:
             from agent_rl.sharding import ShardingSpec, shard_model
 
-            shard_model(self._model, ShardingSpec(param_dtype=self.spec.param_dtype))
-            self.learner = self._learner(self._model)
+            # The Learner trains the FSDP root around the LM; self._model stays the LM (its
+            # parameters are now the shards), for names and state dicts.
+            self.learner = self._learner(shard_model(self._model, ShardingSpec(param_dtype=self.spec.param_dtype)))
         return self.rank
 
     def _learner(self, model: torch.nn.Module) -> Learner:
@@ -185,7 +186,7 @@ class LearnerRank:
             return _to(self.learner.model.state_dict(), "cpu")
         from agent_rl.sharding import full_model_state
 
-        full = full_model_state(self.learner.model)
+        full = full_model_state(self._model)
         return full if self.rank == 0 else {}
 
     def load_weights(self, weights: Mapping[str, Any]) -> None:
@@ -194,7 +195,7 @@ class LearnerRank:
             return
         from agent_rl.sharding import load_full_model_state
 
-        load_full_model_state(self.learner.model, weights)
+        load_full_model_state(self._model, weights)
 
     def state_dict(self) -> dict[str, Any]:
         """The in-process Learner's format. Under FSDP gathered from the shards (a collective: every
@@ -203,7 +204,7 @@ class LearnerRank:
             return _to(self.learner.state_dict(), "cpu")
         from agent_rl.sharding import full_model_state, full_optimizer_state
 
-        model, optimizer = full_model_state(self.learner.model), full_optimizer_state(self.learner.optimizer)
+        model, optimizer = full_model_state(self._model), full_optimizer_state(self.learner.optimizer)
         if self.rank != 0:
             return {}
         return {
@@ -219,7 +220,7 @@ class LearnerRank:
             return
         from agent_rl.sharding import load_full_model_state, load_full_optimizer_state
 
-        load_full_model_state(self.learner.model, state["model"])
+        load_full_model_state(self._model, state["model"])
         load_full_optimizer_state(self.learner.optimizer, state["optimizer"])
         self.learner.scheduler.load_state_dict(state["scheduler"])
         self.learner.generator.set_state(state["generator"])
@@ -256,7 +257,7 @@ class LearnerRank:
 
         return {  # under FSDP: gathered (a collective; every rank calls it)
             name: full_value(p.grad.detach()).to("cpu").clone()
-            for name, p in self.learner.model.named_parameters()
+            for name, p in self._model.named_parameters()
             if p.grad is not None
         }
 
