@@ -16,6 +16,22 @@ the floor for an unsandboxed fresh interpreter). Closed loop: each client sends 
 when the last returns, for ``--seconds`` per cell.
 
     python benchmarks/oneshot_bench.py [--seconds 8] [--concurrency 1 8 64]
+
+Measured with --seconds 10 on the 2-core dev box while other jobs ran (load average 17 -> 36):
+
+    system       conc   reqs   req/s   p50 ms   p99 ms  CPU ms/req
+    zygote          1     36     3.6    172.2    327.3       12.95
+    zygote          8    161    15.7    253.5    719.1       11.90
+    zygote         64     45     2.1    889.1   3450.2       12.56
+    worker          1     10     1.0    407.5    626.8       80.21
+    worker          8     23     2.0   1213.2   2078.8       81.59
+    worker         64     22     0.8   2246.9   4381.7       79.83
+    subprocess      1    124    11.9     80.1    123.8       17.82
+    subprocess      8    100     8.9    796.1   1253.1       21.17
+    subprocess     64    144    10.5   3772.6   6984.1       20.91
+
+CPU per request is the figure to trust on a busy machine; req/s is what a nice-19-weighted group
+got while the machine was saturated, and moves a lot between runs.
 """
 
 from __future__ import annotations
