@@ -216,7 +216,8 @@ def test_pipelined_resume_reproduces_the_straight_run(
     """Exact resume under pipelining: the checkpoint holds the batch collected ahead (sampled from
     the previous weights), so a run stopped after step 2 and resumed trains on the same samples
     with the same weights as a run that never stopped."""
-    extra = [*ASYNC, "train.steps=4", "train.checkpoint_every=1"]
+    # The entropy bonus moves the weights every step, so sampling from the wrong version would show.
+    extra = [*ASYNC, "train.steps=4", "train.checkpoint_every=1", "algo.entropy_coef=0.05", "train.lr=3e-3"]
     Trainer(_cfg(tiny_model_dir, tmp_path, "straight", extra)).fit()
     with monkeypatch.context() as patch:
         patch.setattr(Trainer, "rl_step", _crash_after(2))
