@@ -222,10 +222,11 @@ class WarmupConfig(Section):
     clean_steps: int = Field(0, ge=0)
     """The first k updates draw only the correct demonstrations; the flawed ones are mixed in after.
     Why: a skill the correct ones teach (copying the tool's output into the answer) is learned in a
-    phase transition that the flawed ones can block. Measured on the quickstart (seed 0, Intel
-    AVX-512 kernels): from the start mixed, the loss settled at 0.20 in a basin where the model never
-    copies (greedy copy accuracy 0/40, and RL never found a success); 300 clean updates first gave
-    loss 0.005 by update 300 and copy accuracy 40/40 on both kernel paths."""
+    sudden transition that the flawed ones can block. Measured on the quickstart (seed 0, Intel
+    AVX-512 kernels): mixed from the start, the loss settled at 0.20 in a basin where the model never
+    copies (greedy copy accuracy 0/40, and RL never found a success); with 300 clean updates first,
+    40/40 on both kernel paths. The quickstart uses 700 (half), because in one seed the transition
+    came only after update 300 (scripts/quickstart_matrix.py shows the copy check per cell)."""
 
 
 class TrainConfig(Section):
