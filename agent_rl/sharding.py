@@ -105,6 +105,8 @@ def shard_model(model: torch.nn.Module, spec: ShardingSpec = ShardingSpec()) -> 
     fully_shard(root, mp_policy=mp, reshard_after_forward=False)
     for module in fsdp_modules(root):
         module.set_gradient_divide_factor(1.0)  # sum: the loss is already divided by the global count
+        # A plain SUM collective (gloo has no PREMUL_SUM, which a custom factor would otherwise use).
+        module.set_force_sum_reduction_for_comms(True)
     return root
 
 
