@@ -196,7 +196,8 @@ def play_demonstrations(
         for k, i in enumerate(task_indices):
             play = hallucinated_demonstration if is_flawed(k, hallucinate_fraction) else demonstration
             episode = play(env, i)
-            examples.append(tokenize_conversation(tokenizer, episode.messages))
+            tools = episode.infos[0].get("tools") if episode.infos else None  # native tool schemas
+            examples.append(tokenize_conversation(tokenizer, episode.messages, tools=tools))
             if on_demo is not None:
                 on_demo()
         return examples
