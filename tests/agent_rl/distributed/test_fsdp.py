@@ -33,6 +33,7 @@ AVX2 kernels (ATEN_CPU_CAPABILITY=avx2): see docs/ray.md.
 from __future__ import annotations
 
 import copy
+import io
 import multiprocessing as mp
 import os
 import queue
@@ -77,6 +78,7 @@ def _bound(rl_steps: int, initial: dict[str, Any]) -> float:
     k = rl_steps * ALGO.ppo_epochs * ALGO.minibatches
     return k * TRAIN.lr * (2 * NOISY_FRACTION**0.5 + 1e-5) * theta.numel() ** 0.5 / theta.norm().item()
 
+
 TIMEOUT_S = float(os.environ.get("AGENT_RL_FSDP_TIMEOUT_S", "300"))
 """A deadlocked collective never returns: the ranks are killed and the test fails after this (a
 normal run takes well under a minute of CPU; raise it on a heavily loaded machine)."""
@@ -98,7 +100,11 @@ def _rank_main(rank: int, world: int, port: int, job: dict[str, Any], out: Any) 
     from agent_rl.distributed.learner import LearnerRank, LearnerSpec, shard_rows
 
     spec = LearnerSpec(
-        model_path=job["model_dir"], algo=job["algo"], train=job["train"], timeout_s=TIMEOUT_S, sharding="fsdp"
+        model_path=job["model_dir"],
+        algo=job["algo"],
+        train=job["train"],
+        timeout_s=TIMEOUT_S,
+        sharding="fsdp",
     )
     learner = LearnerRank(spec, rank, world, job["weights"])
     learner.init_process_group("127.0.0.1", port)
@@ -114,7 +120,11 @@ def _rank_main(rank: int, world: int, port: int, job: dict[str, Any], out: Any) 
         report["states"].append(learner.state_dict())
     report["memory"] = learner.memory()
     report["digest"] = learner.digest()
-    out.put((rank, report))
+    # As bytes: a queued tensor is shared by file descriptor, which the parent can no longer open
+    # once this process has exited (FileNotFoundError on the resource sharer's socket).
+    buf = io.BytesIO()
+    torch.save(report, buf)
+    out.put((rank, buf.getvalue()))
     import torch.distributed as dist
 
     dist.destroy_process_group()
@@ -126,7 +136,9 @@ def run_fsdp_ranks(job: dict[str, Any], world: int = 2) -> list[dict[str, Any]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, job, out), daemon=True) for r in range(world)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, world, port, job, out), daemon=True) for r in range(world)
+    ]
     for p in procs:
         p.start()
     reports: dict[int, dict[str, Any]] = {}
@@ -134,12 +146,14 @@ def run_fsdp_ranks(job: dict[str, Any], world: int = 2) -> list[dict[str, Any]]:
     try:
         while len(reports) < world:
             try:
-                rank, report = out.get(timeout=1.0)
-                reports[rank] = report
+                rank, data = out.get(timeout=1.0)
+                reports[rank] = torch.load(io.BytesIO(data), weights_only=False)
             except queue.Empty:
                 died = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
                 assert not died, f"an FSDP rank died (exit codes {died}); its traceback is on stderr"
-                assert time.monotonic() < deadline, f"FSDP ranks did not finish within {TIMEOUT_S:g}s (deadlock)"
+                assert time.monotonic() < deadline, (
+                    f"FSDP ranks did not finish within {TIMEOUT_S:g}s (deadlock)"
+                )
     finally:
         for p in procs:
             p.join(timeout=30)
@@ -194,8 +208,10 @@ def test_two_fsdp_ranks_take_the_single_process_steps(
     for steps in (1, 3):
         bound = _bound(steps, initial)
         gap = _relative_l2(rank0["weights"][steps - 1], single_process["weights"][steps - 1])
-        print(f"fsdp vs single process after {steps} step(s): relative L2 {gap:.3e} (bound {bound:.2e}; "
-              f"one step moves {moved:.3e}; ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'default')})")
+        print(
+            f"fsdp vs single process after {steps} step(s): relative L2 {gap:.3e} (bound {bound:.2e}; "
+            f"one step moves {moved:.3e}; ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'default')})"
+        )
         assert gap <= bound, (steps, gap)
     assert moved > 10 * _bound(1, initial)  # the bound is meaningful: a skipped step would exceed it
 
@@ -220,27 +236,21 @@ def test_fsdp_checkpoint_is_the_in_process_format(
     assert all(torch.equal(model.state_dict()[k], v) for k, v in got["model"].items())
 
 
-def test_resume_from_an_fsdp_checkpoint_continues_exactly(
-    tiny_model_dir: Path, fsdp_run: list[dict[str, Any]], single_process: dict[str, Any]
+def test_resuming_fsdp_ranks_is_refused_with_the_way_out(
+    tiny_model_dir: Path, single_process: dict[str, Any]
 ) -> None:
-    """Fresh ranks that load the checkpoint written after step 1 and run steps 2-3 end bit for bit
-    where the uninterrupted ranks did (same shards, same order of operations)."""
-    job = {
-        "model_dir": str(tiny_model_dir),
-        "algo": ALGO,
-        "train": TRAIN,
-        "weights": single_process["initial"],  # overwritten by the checkpoint
-        "resume": fsdp_run[0]["states"][0],
-        "batches": BATCHES[1:],
-    }
-    resumed = run_fsdp_ranks(job)
-    for k, v in fsdp_run[0]["weights"][2].items():
-        assert torch.equal(resumed[0]["weights"][1][k], v), k
-    assert resumed[0]["digest"] == fsdp_run[0]["digest"]
-    final, uninterrupted = resumed[0]["states"][1], fsdp_run[0]["states"][2]
-    for i, moments in uninterrupted["optimizer"]["state"].items():
-        for key, value in moments.items():
-            assert torch.equal(final["optimizer"]["state"][i][key], value), (i, key)
+    """Resuming sharded ranks from a checkpoint is not exact yet (measured: the loaded weights,
+    AdamW moments, scheduler and generator equal the checkpoint's, yet two more steps ended 2.4e-2
+    relative L2 from the uninterrupted ranks), so it is refused before anything is loaded, naming
+    the way out: the checkpoint is in the in-process format and resumes with sharding off."""
+    from agent_rl.distributed.learner import LearnerRank, LearnerSpec
+
+    spec = LearnerSpec(
+        model_path=str(tiny_model_dir), algo=ALGO, train=TRAIN, timeout_s=TIMEOUT_S, sharding="fsdp"
+    )
+    rank = LearnerRank(spec, 0, 2, single_process["initial"])
+    with pytest.raises(ValueError, match="learner_sharding=none"):
+        rank.load_state_dict({})
 
 
 def test_a_rank_with_fewer_micro_batches_does_not_deadlock(tiny_model_dir: Path) -> None:
@@ -249,8 +259,13 @@ def test_a_rank_with_fewer_micro_batches_does_not_deadlock(tiny_model_dir: Path)
     model, _ = load_model_and_tokenizer(tiny_model_dir)
     algo = AlgoConfig(micro_batch_size=1, minibatches=1, ppo_epochs=1)
     batch = make_batch([1, 0, 1, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0, 1, 1], seed=3)
-    job = {"model_dir": str(tiny_model_dir), "algo": algo, "train": TRAIN, "weights": model.state_dict(),
-           "batches": [batch]}
+    job = {
+        "model_dir": str(tiny_model_dir),
+        "algo": algo,
+        "train": TRAIN,
+        "weights": model.state_dict(),
+        "batches": [batch],
+    }
     rank0, rank1 = run_fsdp_ranks(job)
     assert rank0["digest"] == rank1["digest"]
     initial = copy.deepcopy(model.state_dict())
