@@ -149,7 +149,13 @@ def _renders_tools(model_path: str | None) -> bool:
 
     if model_path is None:
         return False
-    return template_renders_tools(load_tokenizer(model_path))
+    try:
+        tokenizer = load_tokenizer(model_path)
+    except OSError:
+        # No readable tokenizer there: the model's own loading says so clearly, later; the config
+        # and split checks that run before it must not fail on this probe first.
+        return False
+    return template_renders_tools(tokenizer)
 
 
 def env_factory(cfg: Config, sandbox: Any) -> Callable[[], Any]:
