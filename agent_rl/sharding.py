@@ -185,19 +185,6 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     return state
 
 
-def load_full_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """The inverse of `full_optimizer_state`: each rank keeps its shard of every moment."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    sharded = {
-        i: {
-            k: _local_like(params[i], v) if isinstance(v, torch.Tensor) and v.shape == params[i].shape else v
-            for k, v in s.items()
-        }
-        for i, s in state["state"].items()
-    }
-    optimizer.load_state_dict({**state, "state": sharded})
-
-
 def local_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
     """Bytes this rank holds for parameters, gradients and optimiser state (local shards only)."""
 

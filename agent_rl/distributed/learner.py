@@ -226,12 +226,6 @@ class LearnerRank:
             "L2) from the uninterrupted ranks, so something else is not restored. The checkpoint is in "
             "the in-process format: resume it with scale.learner_sharding=none."
         )
-        from agent_rl.sharding import load_full_model_state, load_full_optimizer_state
-
-        load_full_model_state(self._model, state["model"])
-        load_full_optimizer_state(self.learner.optimizer, state["optimizer"])
-        self.learner.scheduler.load_state_dict(state["scheduler"])
-        self.learner.generator.set_state(state["generator"])
 
     def memory(self) -> dict[str, int]:
         """Bytes this rank holds for parameters, gradients and AdamW state, and its peak RSS."""
