@@ -49,6 +49,8 @@ from pathlib import Path
 
 import httpx
 
+from sandbox.bwrap.cgroups import remove_cgroup_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 CODE = "print(sum(range(10)))"
 EXPECT = "45\n"
@@ -121,14 +123,7 @@ class CpuGroup:
 
     def remove(self) -> None:
         for d in self.dirs:
-            for _ in range(100):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.05)
+            remove_cgroup_dir(d, tries=100, wait_s=0.05)
 
 
 def free_port() -> int:

@@ -16,6 +16,18 @@ ROOT = Path("/sys/fs/cgroup")
 GROUP = "agent-rl-sandbox"
 
 
+def remove_cgroup_dir(path: Path, *, tries: int, wait_s: float) -> None:
+    """rmdir a cgroup, retrying while its last tasks are still exiting (EBUSY); gone already is fine."""
+    for _ in range(tries):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(wait_s)
+
+
 class WorkerCgroup:
     def __init__(self, dirs: dict[str, Path], version: int) -> None:
         self.dirs = dirs
@@ -52,14 +64,7 @@ class WorkerCgroup:
 
     def remove(self) -> None:
         for d in self.dirs.values():
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.01)  # tasks are still exiting
+            remove_cgroup_dir(d, tries=50, wait_s=0.01)
 
 
 class CgroupManager:
