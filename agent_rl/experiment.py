@@ -11,10 +11,12 @@ and gradient-norm spikes; plus success-vs-tokens plots.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import shutil
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +31,15 @@ class Cell(BaseModel):
     model_config = ConfigDict(extra="forbid")
     estimator: str
     group_size: int = Field(ge=1)
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    """Train-config keys this cell changes beyond estimator and N, e.g. {"train.lr": 1.0e-3} for a
+    learning-rate frontier or {"env.kwargs.max_depth": 16} for a horizon sweep."""
+    label: str | None = None
+    """The cell's name in tables and run folders; default `<estimator>-N<group_size>`."""
 
     @property
     def name(self) -> str:
-        return f"{self.estimator}-N{self.group_size}"
+        return self.label or f"{self.estimator}-N{self.group_size}"
 
 
 class ExperimentConfig(BaseModel):
@@ -41,9 +48,15 @@ class ExperimentConfig(BaseModel):
     base: dict[str, Any] = Field(default_factory=dict)
     """A train config (same keys as configs/quickstart.yaml) shared by every cell."""
     cells: list[Cell]
+    """The main table."""
+    sections: dict[str, list[Cell]] = Field(default_factory=dict)
+    """Further tables, each compared within itself (e.g. a learning-rate frontier, a horizon
+    sweep); a cell may repeat one of the main table's, whose runs are then shared."""
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
-    max_rollout_tokens: int = Field(gt=0)
-    """The shared budget: every run stops after consuming this many rollout tokens."""
+    max_rollout_tokens: int | None = Field(None, gt=0)
+    """The equal-tokens design: every run stops after consuming this many rollout tokens. None is
+    the equal-updates design: every run makes `max_steps` updates (N=32 then spends 8x the tokens
+    of N=4) and the report adds the equal-tokens view from the curves."""
     max_steps: int = Field(1000, ge=1)
     target_success: float = Field(0.5, gt=0, le=1)
     """'Tokens to target' = cumulative tokens when the moving success first reaches this."""
@@ -55,7 +68,15 @@ class ExperimentConfig(BaseModel):
     grad_variance_every: int = Field(1, ge=0)
     spike_factor: float = Field(3.0, gt=1)
     """A gradient-norm spike is a step whose norm exceeds this multiple of the run's median."""
+    collapse_drop: float = Field(0.5, gt=0, lt=1)
+    collapse_surge: float = Field(10.0, gt=1)
+    """A run collapsed if its moving training success ends at or below (1 - collapse_drop) x its
+    peak (a peak of at least 0.2), or if a gradient norm above collapse_surge x the run's median is
+    not recovered from (the median norm over the last 10% of steps stays above 3x the run's)."""
     out_dir: str = "reports"
+    warmup_threads: int | None = Field(None, ge=1)
+    """CPU threads for the shared warm-up (None: the base config's model.cpu_threads). It runs
+    alone before any shard, so it may take every core while the runs take one each."""
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
@@ -66,6 +87,10 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     except ValidationError as err:
         raise ConfigError(f"invalid experiment config {str(path)!r}:\n{err}") from None
     build_config(exp.base)  # validate the shared train config early, with its own clear errors
+    named: dict[str, Cell] = {}
+    for cell in (c for cells in all_sections(exp).values() for c in cells):
+        if named.setdefault(cell.name, cell) != cell:  # a shared name means shared runs
+            raise ConfigError(f"two different cells are both named {cell.name!r}; give one a label")
     return exp
 
 
@@ -79,12 +104,13 @@ def _cell_config(exp: ExperimentConfig, cell: Cell, seed: int, warm_model: Path,
             f"rollout.group_size={cell.group_size}",
             f"train.seed={seed}",
             f"train.steps={exp.max_steps}",
-            f"train.max_rollout_tokens={exp.max_rollout_tokens}",
+            f"train.max_rollout_tokens={exp.max_rollout_tokens or 0}",
             f"train.grad_variance_every={exp.grad_variance_every}",
             f"run.out_dir={out / 'runs'}",
             f"run.name={cell.name}-s{seed}",
             "run.resume=false",
             "run.progress=false",
+            *(f"{key}={json.dumps(value)}" for key, value in cell.overrides.items()),
         ],
     )
 
@@ -136,7 +162,7 @@ def warm_up_once(exp: ExperimentConfig, out: Path) -> Path:
     cfg = build_config(exp.base, [f"run.out_dir={out}", "run.name=warmup", "run.progress=false"])
     tasks = build.task_splits(cfg)
     build.check_splits(cfg, tasks, warmup=True)
-    build.set_cpu_threads(cfg.model.cpu_threads)
+    build.set_cpu_threads(exp.warmup_threads or cfg.model.cpu_threads)
     build.seed_everything(cfg.train.seed)
     path = build.resolve_model_path(cfg)
     model, tokenizer = build.load_model_and_tokenizer(path, cfg.model.dtype, cfg.model.device)
@@ -165,27 +191,60 @@ def moving_success(steps: list[dict[str, Any]], window_tokens: float) -> list[fl
     ]
 
 
+def update_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if "losses/loss" in r]
+
+
+def tokens_to(rows: list[dict[str, Any]], level: float, window_tokens: float) -> float:
+    """Cumulative rollout tokens when the moving success first reaches `level` (nan: never)."""
+    steps = update_rows(rows)
+    moving = moving_success(steps, window_tokens)
+    return next((float(r["tokens/cumulative"]) for r, m in zip(steps, moving) if m >= level), math.nan)
+
+
+def collapsed(moving: list[float], norms: list[float], drop: float, surge: float) -> bool:
+    """ExperimentConfig.collapse_drop / collapse_surge: success lost, or a gradient blow-up kept."""
+    if moving and max(moving) >= 0.2 and moving[-1] <= (1 - drop) * max(moving):
+        return True
+    if len(norms) < 10:
+        return False
+    median = statistics.median(norms)
+    tail = norms[-max(1, len(norms) // 10) :]
+    return max(norms) > surge * median and statistics.median(tail) > 3 * median
+
+
 def summarize_run(
-    rows: list[dict[str, Any]], target: float, spike_factor: float, window_tokens: float
+    rows: list[dict[str, Any]],
+    target: float,
+    spike_factor: float,
+    window_tokens: float,
+    *,
+    equal_tokens: float = math.inf,
+    collapse: tuple[float, float] = (0.5, 10.0),
 ) -> dict[str, float]:
-    steps = [r for r in rows if "losses/loss" in r]
+    """One run's row of the report. `equal_tokens`: the budget of the equal-tokens view, at which
+    `success_at_equal_tokens` reads the moving success."""
+    steps = update_rows(rows)
     tokens = [r["tokens/cumulative"] for r in steps]
     moving = moving_success(steps, window_tokens)
-    tokens_to_target = next((float(t) for t, m in zip(tokens, moving) if m >= target), math.nan)
     norms = [r["grad/norm"] for r in steps if "grad/norm" in r]
     median = statistics.median(norms) if norms else 0.0
     variances = [r["grad/exact_pg_variance"] for r in steps if "grad/exact_pg_variance" in r]
     spearman = [
         r["grad/proxy_spearman"] for r in steps if math.isfinite(r.get("grad/proxy_spearman", math.nan))
     ]
+    within = [m for m, t in zip(moving, tokens) if t <= equal_tokens]
     return {
-        "tokens_to_target": tokens_to_target,
+        "tokens_to_target": tokens_to(rows, target, window_tokens),
         "final_success": moving[-1] if steps else math.nan,
+        "peak_success": max(moving) if steps else math.nan,
+        "success_at_equal_tokens": within[-1] if within else math.nan,
         "tokens_used": float(tokens[-1]) if tokens else 0.0,
         "steps": float(len(steps)),
         "grad_variance": statistics.fmean(variances) if variances else float("nan"),
         "proxy_spearman": statistics.fmean(spearman) if spearman else float("nan"),
         "grad_spikes": float(sum(n > spike_factor * median for n in norms)) if median > 0 else 0.0,
+        "collapsed": float(collapsed(moving, norms, *collapse)),
         # time in rollout + update (gradient diagnostics included); start-up and logging not counted
         "minutes": sum(r.get("perf/rollout_s", 0.0) + r.get("perf/update_s", 0.0) for r in steps) / 60,
     }
@@ -203,112 +262,245 @@ def _mean_std(values: list[float]) -> str:
 
 COLUMNS = (
     "heldout_success",
-    "tokens_to_target",
+    "start_heldout",
     "final_success",
+    "success_at_equal_tokens",
+    "tokens_to_best_large_n",
+    "tokens_to_target",
     "tokens_used",
     "grad_variance",
     "proxy_spearman",
     "grad_spikes",
+    "collapsed",
     "steps",
     "minutes",
 )
+"""Mean ± std over seeds, except `collapsed`, whose mean is the collapse rate."""
+
+
+def all_sections(exp: ExperimentConfig) -> dict[str, list[Cell]]:
+    return {"main": exp.cells, **exp.sections}
+
+
+@dataclass
+class Section:
+    """One table's runs, read back from their metrics, with the token scales its views need."""
+
+    name: str
+    cells: list[Cell]
+    rows: dict[str, list[list[dict[str, Any]]]]
+    """cell name -> one metrics list per seed."""
+    equal_tokens: float
+    """The equal-tokens budget: the experiment's, or the mean tokens of the section's cheapest cell."""
+
+    @classmethod
+    def read(cls, exp: ExperimentConfig, name: str, cells: list[Cell], runs: Path) -> Section:
+        rows = {c.name: [read_metrics(runs / f"{c.name}-s{s}") for s in exp.seeds] for c in cells}
+        used = [
+            statistics.fmean(update_rows(r)[-1]["tokens/cumulative"] for r in per_seed if update_rows(r))
+            for per_seed in rows.values()
+            if any(update_rows(r) for r in per_seed)
+        ]
+        budget = exp.max_rollout_tokens or (min(used) if used else 1.0)
+        return cls(name, cells, rows, float(budget))
+
+    def large_n_level(self, finals: dict[str, list[float]]) -> float:
+        """The best final training success among the section's largest-N cells (nan when every
+        cell has the same N): the level `tokens_to_best_large_n` measures against."""
+        sizes = {c.group_size for c in self.cells}
+        if len(sizes) < 2:
+            return math.nan
+        best = [statistics.fmean(finals[c.name]) for c in self.cells if c.group_size == max(sizes)]
+        return max(best) if best else math.nan
+
+
+def summarize_section(exp: ExperimentConfig, section: Section) -> dict[str, list[dict[str, float]]]:
+    window = exp.success_window * section.equal_tokens
+    out = {
+        name: [
+            summarize_run(
+                rows,
+                exp.target_success,
+                exp.spike_factor,
+                window,
+                equal_tokens=section.equal_tokens,
+                collapse=(exp.collapse_drop, exp.collapse_surge),
+            )
+            for rows in per_seed
+        ]
+        for name, per_seed in section.rows.items()
+    }
+    level = section.large_n_level({n: [r["final_success"] for r in runs] for n, runs in out.items()})
+    for name, per_seed in section.rows.items():
+        for summary, rows in zip(out[name], per_seed):
+            summary["tokens_to_best_large_n"] = tokens_to(rows, level, window) if level == level else math.nan
+    return out
 
 
 def write_report(
-    exp: ExperimentConfig, out: Path, results: dict[str, list[dict[str, float]]], start_success: float
+    exp: ExperimentConfig, out: Path, results: dict[str, dict[str, list[dict[str, float]]]]
 ) -> Path:
+    design = (
+        f"Equal tokens: every run stops at {exp.max_rollout_tokens} rollout tokens"
+        if exp.max_rollout_tokens
+        else f"Equal updates: every run makes {exp.max_steps} updates (larger N spends more tokens)"
+    )
     lines = [
         f"# {exp.name}",
         "",
-        f"Budget {exp.max_rollout_tokens} rollout tokens per run; target success {exp.target_success}; "
-        f"seeds {exp.seeds}. Mean ± std over seeds. Training success is averaged over the last "
-        f"{exp.success_window * exp.max_rollout_tokens:.0f} tokens; heldout_success is the final "
-        f"policy's greedy success on {exp.eval_tasks} held-out tasks (the warmed-up start: "
-        f"{start_success:.3f}).",
-        "",
-        "| cell | " + " | ".join(COLUMNS) + " |",
-        "|---" * (len(COLUMNS) + 1) + "|",
+        f"{design}; seeds {exp.seeds}; mean ± std over seeds (`collapsed`: the collapse rate). "
+        "final_success is the training success averaged over the last "
+        f"{exp.success_window:.0%} of the section's equal-tokens budget; success_at_equal_tokens "
+        "reads it at that budget (the cheapest cell's tokens). heldout_success / start_heldout: "
+        f"greedy success on {exp.eval_tasks} held-out tasks after / before RL.",
     ]
-    for cell, runs in results.items():
-        lines.append(f"| {cell} | " + " | ".join(_mean_std([r[c] for r in runs]) for c in COLUMNS) + " |")
+    for section, table in results.items():
+        lines += ["", f"## {section}", "", "| cell | " + " | ".join(COLUMNS) + " |"]
+        lines.append("|---" * (len(COLUMNS) + 1) + "|")
+        for cell, runs in table.items():
+            cols = " | ".join(_mean_std([r.get(c, math.nan) for r in runs]) for c in COLUMNS)
+            lines.append(f"| {cell} | {cols} |")
+        lines.append(f"\n![{section}](plot_{section}.png)")
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    _plot(exp, out)
     return report
 
 
-def _plot(exp: ExperimentConfig, out: Path) -> None:
+def _smooth(values: list[float], k: int) -> list[float]:
+    return [statistics.fmean(values[max(0, i - k + 1) : i + 1]) for i in range(len(values))]
+
+
+def plot_section(exp: ExperimentConfig, section: Section, out: Path) -> Path:
+    """Success vs tokens, success vs update and gradient norm vs update, one colour per cell:
+    each seed faint, the seeds' smoothed mean bold."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), dpi=110)
-    for cell in exp.cells:
-        for i, seed in enumerate(exp.seeds):
-            rows = [r for r in read_metrics(out / "runs" / f"{cell.name}-s{seed}") if "losses/loss" in r]
-            if not rows:
-                continue
-            label = cell.name if i == 0 else None
-            color = f"C{exp.cells.index(cell)}"
-            x = [r["tokens/cumulative"] for r in rows]
-            window = exp.success_window * exp.max_rollout_tokens
-            axes[0].plot(x, moving_success(rows, window), color=color, alpha=0.7, label=label)
-            axes[1].plot(
-                x, [r.get("grad/norm", float("nan")) for r in rows], color=color, alpha=0.7, label=label
-            )
-    axes[0].set_ylabel(f"training success (moving, {exp.success_window:.0%} of budget)")
-    axes[1].set_ylabel("gradient norm (pre-clip)")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), dpi=110)
+    for k, cell in enumerate(section.cells):
+        color = f"C{k % 10}"
+        runs = [update_rows(r) for r in section.rows[cell.name] if update_rows(r)]
+        for j, steps in enumerate(runs):
+            x = [r["tokens/cumulative"] for r in steps]
+            success = [r["env/success_rate"] for r in steps]
+            norms = [r.get("grad/norm", math.nan) for r in steps]
+            label = cell.name if j == 0 else None
+            axes[0].plot(x, _smooth(success, 5), color=color, alpha=0.8, lw=1.2, label=label)
+            axes[1].plot(success, color=color, alpha=0.15, lw=0.8)
+            axes[2].plot(norms, color=color, alpha=0.15, lw=0.8)
+        if runs:
+            n = min(len(s) for s in runs)
+            mean_success = [statistics.fmean(s[i]["env/success_rate"] for s in runs) for i in range(n)]
+            mean_norm = [statistics.fmean(s[i].get("grad/norm", math.nan) for s in runs) for i in range(n)]
+            axes[1].plot(_smooth(mean_success, 5), color=color, lw=2, label=cell.name)
+            axes[2].plot(_smooth(mean_norm, 5), color=color, lw=2, label=cell.name)
+    axes[0].set(xlabel="cumulative rollout tokens", ylabel="training success (5-step mean)")
+    axes[1].set(xlabel="update", ylabel="training success (seed mean; seeds faint)")
+    axes[2].set(xlabel="update", ylabel="gradient norm, pre-clip", yscale="log")
+    if section.equal_tokens and not exp.max_rollout_tokens:
+        axes[0].axvline(section.equal_tokens, color="grey", ls="--", lw=1, label="equal tokens")
     for ax in axes:
-        ax.set_xlabel("cumulative rollout tokens")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    fig.suptitle(f"{exp.name}: {section.name}")
     fig.tight_layout()
-    fig.savefig(out / "success_and_grad_norm_vs_tokens.png")
+    path = out / f"plot_{section.name}.png"
+    fig.savefig(path)
     plt.close(fig)
+    return path
 
 
-def run_experiment(exp: ExperimentConfig) -> Path:
+def _run_cell(exp: ExperimentConfig, cell: Cell, seed: int, warm: Path, out: Path) -> Config:
     from agent_rl.train import Trainer
 
+    cfg = _cell_config(exp, cell, seed, warm, out)
+    if _finished(cfg):
+        print(f"{cell.name} seed {seed}: finished earlier with this config; reusing it", flush=True)
+    else:
+        shutil.rmtree(cfg.run_dir, ignore_errors=True)  # never append to an unfinished run's logs
+        Trainer(cfg).fit()
+    heldout_success(cfg, exp.eval_tasks)
+    _start_success(cfg, exp.eval_tasks)
+    return cfg
+
+
+def _runs(exp: ExperimentConfig) -> list[tuple[Cell, int]]:
+    """Every (cell, seed) once, seeds outermost: an interrupted grid still covers every cell."""
+    unique = {c.name: c for cells in all_sections(exp).values() for c in cells}
+    return [(cell, seed) for seed in exp.seeds for cell in unique.values()]
+
+
+def run_experiment(exp: ExperimentConfig, shard: tuple[int, int] | None = (0, 1)) -> Path:
+    """Train what is missing, then write the report. `shard=(i, k)`: only every k-th run from
+    the i-th, no report (run k shards side by side, then once without a shard for the report).
+    `shard=None`: the shared warm-up only; returns the warmed-up model's folder."""
     out = Path(exp.out_dir).resolve() / exp.name
     out.mkdir(parents=True, exist_ok=True)
     warm = warm_up_once(exp, out)
-    window = exp.success_window * exp.max_rollout_tokens
-    start_cfg = _cell_config(exp, exp.cells[0], exp.seeds[0], warm, out)
-    start_cfg.run.name = "start"
-    start = heldout_success(start_cfg, exp.eval_tasks, final=False)
-    results: dict[str, list[dict[str, float]]] = {cell.name: [] for cell in exp.cells}
-    for seed in exp.seeds:  # seeds outermost: an interrupted grid still covers every cell
-        for cell in exp.cells:
-            cfg = _cell_config(exp, cell, seed, warm, out)
-            if _finished(cfg):
-                print(f"{cell.name} seed {seed}: finished earlier with this config; reusing it", flush=True)
-            else:
-                shutil.rmtree(cfg.run_dir, ignore_errors=True)  # never append to an unfinished run's logs
-                Trainer(cfg).fit()
-            summary = summarize_run(read_metrics(cfg.run_dir), exp.target_success, exp.spike_factor, window)
-            summary["heldout_success"] = heldout_success(cfg, exp.eval_tasks)
-            results[cell.name].append(summary)
-            write_report(exp, out, results, start)  # a partial report after every run
-            print(
-                f"{cell.name} seed {seed}: " + ", ".join(f"{k}={v:.4g}" for k, v in summary.items()),
-                flush=True,
-            )
-    return write_report(exp, out, results, start)
+    if shard is None:
+        return warm
+    for n, (cell, seed) in enumerate(_runs(exp)):
+        if n % shard[1] == shard[0]:
+            _run_cell(exp, cell, seed, warm, out)
+    if shard[1] > 1:
+        return out / "report.md"
+    results = {}
+    for name, cells in all_sections(exp).items():
+        section = Section.read(exp, name, cells, out / "runs")
+        results[name] = summarize_section(exp, section)
+        for cell in cells:
+            for summary, seed in zip(results[name][cell.name], exp.seeds):
+                cfg = _cell_config(exp, cell, seed, warm, out)
+                summary["heldout_success"] = heldout_success(cfg, exp.eval_tasks)
+                summary["start_heldout"] = _start_success(cfg, exp.eval_tasks)
+        plot_section(exp, section, out)
+    return write_report(exp, out, results)
+
+
+def _start_success(cfg: Config, tasks: int) -> float:
+    """The warmed-up policy's held-out success on cfg's tasks: one evaluation per distinct env
+    setting (a horizon sweep's depths differ), cached in a `start-<hash>` run folder."""
+    env_key = hashlib.sha256(json.dumps(cfg.env.model_dump(), sort_keys=True).encode()).hexdigest()[:10]
+    start = cfg.model_copy(deep=True)
+    start.run.name = f"start-{env_key}"
+    return heldout_success(start, tasks, final=False)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    i, k = (int(x) for x in text.split("/"))
+    if not 0 <= i < k:
+        raise argparse.ArgumentTypeError(f"--shard wants i/k with 0 <= i < k, got {text!r}")
+    return i, k
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agent-rl experiment", description=__doc__.splitlines()[0])
     parser.add_argument("config", help="experiment YAML, e.g. configs/otb_vs_grpo.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--shard",
+        type=_shard,
+        default=(0, 1),
+        metavar="I/K",
+        help="train only every K-th run from the I-th and write no report (run K shards side by "
+        "side on K cores after the shared warm-up, then once without --shard for the report)",
+    )
+    parser.add_argument(
+        "--warmup-only", action="store_true", help="the shared warm-up only (before starting shards)"
+    )
     args = parser.parse_args(argv)
     try:
         exp = load_experiment(args.config, args.overrides)
     except (ConfigError, FileNotFoundError) as err:
         parser.error(str(err))
-    report = run_experiment(exp)
-    print(report.read_text())
-    print(f"report: {report}")
+    if args.warmup_only:
+        print(f"warmed-up model: {run_experiment(exp, None)}")
+        return 0
+    report = run_experiment(exp, args.shard)
+    if args.shard[1] == 1:
+        print(report.read_text())
+        print(f"report: {report}")
     return 0

@@ -77,10 +77,16 @@ def play(env: gym.Env, turns: list[str], *, seed: int | None = None, options: di
 
 
 def demonstration(env: gym.Env, task_index: int) -> Episode:
-    """Play the scripted solution of task `task_index` in `env`, with real tool outputs."""
+    """Play the scripted solution of task `task_index` in `env`, with real tool outputs.
+
+    An env whose tasks have no `solution_code` (a chain of lookups, say) gives its own turns by
+    defining `scripted_turns(task) -> list[str]` (and `flawed_turns(task)` for the warm-up's
+    deliberately imperfect demonstrations)."""
     base = env.unwrapped
     task = base.tasks[task_index]
-    if not base.tools:
+    if hasattr(base, "scripted_turns"):
+        turns = base.scripted_turns(task)
+    elif not base.tools:
         turns = scripted_single_turn(task)
     else:
         tool = "python" if "python" in base.tools else next(iter(base.tools))
@@ -112,9 +118,12 @@ def hallucinated_demonstration(env: gym.Env, task_index: int) -> Episode:
     episode, so the call never runs and the reward is 0. The guess is round on purpose: a policy
     that made up full-length digits learned to make up digits after a real output too (measured:
     greedy success 0 -> 0 after RL), while a round guess keeps "copy the output" a distinct skill.
+    An env with its own `flawed_turns(task)` (ChainEnv: answering before the chain's end) plays those.
     """
     base = env.unwrapped
     task = base.tasks[task_index]
+    if hasattr(base, "flawed_turns"):
+        return play(env, base.flawed_turns(task), options={"task_index": task_index})
     call = scripted_solution(task, base.format.name)[0]
     guess = confident_guess(task.answer)
     turn = f"{call}\n```output\n{guess}\n```\n\\boxed{{{guess}}}"

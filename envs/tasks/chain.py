@@ -22,9 +22,12 @@ Splits: tasks come with train / eval / demo index ranges (`generated_splits`). H
 from other keys; the secret (the environment itself) is shared, as a held-out problem of a math
 family shares the rules of arithmetic.
 
+Warm-up: `ChainEnv.scripted_turns` is a correct episode (one lookup per hop, then the last key
+boxed) and `ChainEnv.flawed_turns` one that loses count: it answers the key of an earlier hop.
+Both play through `envs.demos` with real tool output.
+
 What is not covered: a Python-tool variant (a program could loop the whole chain in one call, so
-turns could be skipped) and a scripted warm-up through `envs.demos` (a chain's demonstration
-depends on each tool result; `scripted_turns` gives it for a known task).
+turns could be skipped).
 """
 
 from __future__ import annotations
@@ -176,6 +179,20 @@ class ChainEnv(ToolEnv):
         kwargs.setdefault("max_calls_per_turn", 1)
         kwargs.setdefault("max_output_chars", 2048)
         super().__init__(SplitTasks(source, source.splits), **kwargs)
+
+    def scripted_turns(self, task: Task) -> list[str]:
+        """The correct episode of `task` (the warm-up's demonstration)."""
+        return scripted_turns(task, self.format.name)
+
+    def flawed_turns(self, task: Task) -> list[str]:
+        """`task` answered too early: stop after k < depth lookups and box the key the k-th
+        returned (the start key when k = 0). A real long-horizon failure, losing count of the
+        hops, that leaves the copy skill intact; k is uniform over 0..depth-1, fixed per task."""
+        depth = task.metadata["depth"]
+        k = random.Random(f"flawed:{task.id}").randrange(depth)
+        seen = [task.metadata["start"], *task.metadata["keys"]]
+        calls = scripted_turns(task, self.format.name)[:k]
+        return [*calls, f"\\boxed{{{seen[k]}}}"]
 
 
 def scripted_turns(task: Task, tool_format: str = "hermes") -> list[str]:

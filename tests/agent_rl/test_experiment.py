@@ -11,7 +11,17 @@ import yaml
 
 pytest.importorskip("torch")
 
-from agent_rl.experiment import load_experiment, run_experiment, summarize_run
+from agent_rl.experiment import (
+    Cell,
+    ExperimentConfig,
+    Section,
+    _cell_config,
+    collapsed,
+    load_experiment,
+    run_experiment,
+    summarize_run,
+    summarize_section,
+)
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "otb_vs_grpo.yaml"
 
@@ -38,6 +48,57 @@ def test_summary_of_a_hand_made_run() -> None:
     assert out["final_success"] == pytest.approx((0.5 + 1.0 + 1.0) / 3)
     assert out["grad_spikes"] == 1 and out["steps"] == 4 and math.isnan(out["grad_variance"])
     assert out["minutes"] == pytest.approx(4.0)  # 4 steps of 45 s rollout + 15 s update
+    assert out["peak_success"] == pytest.approx(out["final_success"]) and out["collapsed"] == 0.0
+    assert out["success_at_equal_tokens"] == out["final_success"]  # no budget given: the end
+    at = summarize_run(rows, target=0.5, spike_factor=3.0, window_tokens=250, equal_tokens=250)
+    assert at["success_at_equal_tokens"] == pytest.approx(0.25)  # steps 1-2 are within 250 tokens
+
+
+def test_collapse_is_lost_success_or_an_unrecovered_gradient_surge() -> None:
+    assert collapsed([0.1, 0.6, 0.8, 0.3], [], drop=0.5, surge=10)  # 0.3 <= half the peak
+    assert not collapsed([0.1, 0.6, 0.8, 0.5], [], drop=0.5, surge=10)
+    assert not collapsed([0.0, 0.1, 0.0], [], drop=0.5, surge=10)  # never learned: not a collapse
+    calm = [1.0] * 25
+    assert not collapsed([0.5] * 30, [*calm, 50.0, *[1.0] * 4], drop=0.5, surge=10)  # recovered
+    assert collapsed([0.5] * 30, [*calm, 50.0, *[40.0] * 4], drop=0.5, surge=10)
+
+
+def _run(success: list[float], tokens_per_step: int) -> list[dict[str, float]]:
+    return [
+        {"losses/loss": 0.0, "env/success_rate": s, "tokens/cumulative": tokens_per_step * (i + 1)}
+        for i, s in enumerate(success)
+    ]
+
+
+def test_equal_updates_section_reads_both_views() -> None:
+    """N=32 spends more tokens per update (2x here): the equal-tokens budget is the N=4 cells', and
+    tokens_to_best_large_n is when a cell first reaches the N=32 cell's final success."""
+    exp = ExperimentConfig(
+        cells=[Cell(estimator="tir_otb", group_size=4), Cell(estimator="grpo", group_size=32)],
+        seeds=[0],
+        max_steps=4,
+        success_window=0.25,
+    )
+    rows = {"tir_otb-N4": [_run([0.2, 0.5, 0.7, 0.9], 100)], "grpo-N32": [_run([0.3, 0.6, 0.7, 0.8], 200)]}
+    out = summarize_section(exp, Section("main", exp.cells, rows, equal_tokens=400.0))
+    otb, big = out["tir_otb-N4"][0], out["grpo-N32"][0]
+    assert otb["success_at_equal_tokens"] == pytest.approx(0.9)  # its whole run fits the budget
+    assert big["success_at_equal_tokens"] == pytest.approx(0.6)  # its first 2 updates do
+    assert big["final_success"] == pytest.approx(0.8) and otb["tokens_to_best_large_n"] == 400
+    assert big["tokens_to_best_large_n"] == 800
+
+
+def test_cell_overrides_and_label_reach_the_run_config(tmp_path: Path) -> None:
+    exp = ExperimentConfig(cells=[Cell(estimator="grpo", group_size=4)], max_steps=3)
+    cell = Cell(
+        estimator="grpo",
+        group_size=4,
+        label="grpo-N4-deep",
+        overrides={"train.lr": 1.0e-3, "env.kwargs": {"max_depth": 16}},
+    )
+    cfg = _cell_config(exp, cell, 2, tmp_path / "warm", tmp_path)
+    assert cfg.train.lr == 1.0e-3 and cfg.env.kwargs == {"max_depth": 16}
+    assert cfg.run.name == "grpo-N4-deep-s2" and cfg.train.max_rollout_tokens == 0 and cfg.train.steps == 3
 
 
 @pytest.mark.slow
@@ -63,14 +124,14 @@ def test_reduced_grid_writes_a_report(
     report = run_experiment(exp)
     text = report.read_text()
     assert "| tir_otb-N4 |" in text and "| grpo-N4 |" in text
-    assert (report.parent / "success_and_grad_norm_vs_tokens.png").stat().st_size > 0
+    assert (report.parent / "plot_main.png").stat().st_size > 0
     assert (report.parent / "warm_model" / "config.json").exists()
     results = json.loads((report.parent / "results.json").read_text())
-    for runs in results.values():
+    for runs in results["main"].values():
         assert runs[0]["steps"] >= 1 and runs[0]["tokens_used"] > 0
         assert math.isfinite(runs[0]["grad_variance"])  # measured with grad_variance_every
         assert 0.0 <= runs[0]["heldout_success"] <= 1.0  # greedy eval of the final checkpoint
-    assert "the warmed-up start: " in text
+    assert all(0.0 <= r[0]["start_heldout"] <= 1.0 for r in results["main"].values())
     assert json.loads((report.parent / "runs" / "grpo-N4-s0" / "final_eval.json").read_text())["tasks"] == 4
 
     # Run again with one more cell: the finished runs are reused, only the new one trains.
@@ -92,4 +153,5 @@ def test_reduced_grid_writes_a_report(
     exp.cells = [*exp.cells, exp.cells[0].model_copy(update={"estimator": "rloo"})]
     again = json.loads((run_experiment(exp).parent / "results.json").read_text())
     assert trained == ["rloo-N4-s0"]
-    assert again["tir_otb-N4"] == results["tir_otb-N4"] and again["grpo-N4"] == results["grpo-N4"]
+    assert again["main"]["tir_otb-N4"] == results["main"]["tir_otb-N4"]
+    assert again["main"]["grpo-N4"] == results["main"]["grpo-N4"]

@@ -99,3 +99,24 @@ def test_registered_id_makes_a_deep_chain_env() -> None:
     schema = json.dumps(base.tool_schemas)
     assert "lookup" in schema
     env.close()
+
+
+def test_warm_up_demonstrations_play_through_the_env() -> None:
+    """The correct demonstration scores 1 after depth lookups; the flawed one answers an earlier
+    hop's real key (so it still teaches copying) and scores 0, with stop points spread over hops."""
+    from envs.demos import demonstration, hallucinated_demonstration
+
+    env = ChainEnv(min_depth=1, max_depth=8, noise_lines=1)
+    stops = set()
+    for i in range(40):
+        task = env.tasks[i]
+        good = demonstration(env, i)
+        assert good.total_reward == 1.0 and good.terminated
+        assert sum(m["role"] == "tool" for m in good.messages) == task.metadata["depth"]
+        bad = hallucinated_demonstration(env, i)
+        lookups = sum(m["role"] == "tool" for m in bad.messages)
+        assert bad.total_reward == 0.0 and lookups < task.metadata["depth"]
+        seen = [task.metadata["start"], *task.metadata["keys"]]
+        assert bad.messages[-1]["content"] == f"\\boxed{{{seen[lookups]}}}"
+        stops.add(lookups)
+    assert {0, 1, 2} <= stops  # early and late mistakes alike
