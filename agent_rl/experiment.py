@@ -154,7 +154,7 @@ def warm_up_once(exp: ExperimentConfig, out: Path) -> Path:
     Built from agent_rl.build like the trainer's parts, without a Trainer (no optimiser, engine,
     reference model or logger)."""
     from agent_rl import build
-    from agent_rl.warmup import warm_up
+    from agent_rl.warmup import held_out_accuracy, warm_up
 
     target = out / "warm_model"
     if (target / "config.json").exists():
@@ -166,15 +166,20 @@ def warm_up_once(exp: ExperimentConfig, out: Path) -> Path:
     build.seed_everything(cfg.train.seed)
     path = build.resolve_model_path(cfg)
     model, tokenizer = build.load_model_and_tokenizer(path, cfg.model.dtype, cfg.model.device)
-    w = cfg.train.warmup
+    w, record = cfg.train.warmup, {}
     if w.steps:
         sandbox = build.make_sandbox(cfg.sandbox)
         try:
             make_env = build.env_factory(cfg, sandbox)
-            warm_up(model, tokenizer, make_env, tasks.indices("demo", w.demos), w, cfg.train.seed)
+            losses = warm_up(model, tokenizer, make_env, tasks.indices("demo", w.demos), w, cfg.train.seed)
+            record = {"steps": w.steps, "final_loss": statistics.fmean(losses[-20:])}
+            if w.check_demos:
+                held_out = tasks.indices("demo", w.check_demos, first=w.demos)
+                record["final_turn_accuracy"] = held_out_accuracy(model, tokenizer, make_env, held_out)
         finally:
             sandbox.close()
     model.save_pretrained(target)
+    (target / "warmup.json").write_text(json.dumps(record))
     tokenizer.save_pretrained(target)
     return target
 
@@ -353,6 +358,8 @@ def write_report(
         f"{exp.success_window:.0%} of the section's equal-tokens budget; success_at_equal_tokens "
         "reads it at that budget (the cheapest cell's tokens). heldout_success / start_heldout: "
         f"greedy success on {exp.eval_tasks} held-out tasks after / before RL.",
+        "",
+        f"Shared warm-up: {_warmup_line(out / 'warm_model' / 'warmup.json')}.",
     ]
     for section, table in results.items():
         lines += ["", f"## {section}", "", "| cell | " + " | ".join(COLUMNS) + " |"]
@@ -365,6 +372,18 @@ def write_report(
     report.write_text("\n".join(lines) + "\n")
     (out / "results.json").write_text(json.dumps(results, indent=2))
     return report
+
+
+def _warmup_line(path: Path) -> str:
+    record = json.loads(path.read_text()) if path.exists() else {}
+    if not record:
+        return "none"
+    line = f"{record['steps']} supervised steps, final loss {record['final_loss']:.3f}"
+    if "final_turn_accuracy" in record:
+        line += (
+            f", final-turn accuracy on held-out correct demonstrations {record['final_turn_accuracy']:.3f}"
+        )
+    return line
 
 
 def _smooth(values: list[float], k: int) -> list[float]:
@@ -399,7 +418,9 @@ def plot_section(exp: ExperimentConfig, section: Section, out: Path) -> Path:
             axes[2].plot(_smooth(mean_norm, 5), color=color, lw=2, label=cell.name)
     axes[0].set(xlabel="cumulative rollout tokens", ylabel="training success (5-step mean)")
     axes[1].set(xlabel="update", ylabel="training success (seed mean; seeds faint)")
-    axes[2].set(xlabel="update", ylabel="gradient norm, pre-clip", yscale="log")
+    axes[2].set(xlabel="update", ylabel="gradient norm, pre-clip")
+    if any(y > 0 for line in axes[2].get_lines() for y in line.get_ydata()):
+        axes[2].set_yscale("log")
     if section.equal_tokens and not exp.max_rollout_tokens:
         axes[0].axvline(section.equal_tokens, color="grey", ls="--", lw=1, label="equal tokens")
     for ax in axes:

@@ -196,17 +196,15 @@ class Trainer:
     def warmup_check(self) -> dict[str, float]:
         """Greedy final-turn accuracy on held-out correct demonstrations (WarmupConfig.check_demos):
         whether the warmed-up model has the skill RL will build on, logged before RL starts."""
-        from agent_rl.warmup import final_turn_accuracy, play_demonstrations
+        from agent_rl.warmup import held_out_accuracy
 
         w = self.cfg.train.warmup
         if not w.check_demos:
             return {}
         held_out = self.tasks.indices("demo", w.check_demos, first=w.demos)
         with self.progress.phase("warm-up check", len(held_out)) as played:
-            examples = play_demonstrations(self.tokenizer, self.make_env, held_out, 0.0, on_demo=played)
-        row = {
-            "eval/final_turn_accuracy": final_turn_accuracy(self.model, examples, self.tokenizer.pad_token_id)
-        }
+            accuracy = held_out_accuracy(self.model, self.tokenizer, self.make_env, held_out, on_demo=played)
+        row = {"eval/final_turn_accuracy": accuracy}
         self.logger.log(0, row)
         return row
 

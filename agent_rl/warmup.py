@@ -176,6 +176,19 @@ def final_turn_accuracy(model: torch.nn.Module, examples: Sequence[Example], pad
     return hits / len(examples)
 
 
+def held_out_accuracy(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    make_env: Callable[[], Any],
+    task_indices: Iterable[int],
+    on_demo: Callable[[], None] | None = None,
+) -> float:
+    """final_turn_accuracy on correct demonstrations of `task_indices` (WarmupConfig.check_demos):
+    whether the warmed-up model has the skill RL will build on."""
+    examples = play_demonstrations(tokenizer, make_env, task_indices, 0.0, on_demo=on_demo)
+    return final_turn_accuracy(model, examples, tokenizer.pad_token_id)
+
+
 def play_demonstrations(
     tokenizer: Any,
     make_env: Callable[[], Any],

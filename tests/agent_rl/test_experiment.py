@@ -155,3 +155,64 @@ def test_reduced_grid_writes_a_report(
     assert trained == ["rloo-N4-s0"]
     assert again["main"]["tir_otb-N4"] == results["main"]["tir_otb-N4"]
     assert again["main"]["grpo-N4"] == results["main"]["grpo-N4"]
+
+
+LONG = CONFIG.parent / "long_horizon.yaml"
+
+
+@pytest.mark.slow
+def test_long_horizon_grid_in_shards_then_one_report(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """configs/long_horizon.yaml reduced to its machinery: the shared warm-up, two shards that
+    split the runs, and a report with a table and a plot per section (main, lr frontier,
+    horizon), the sections sharing the main table's runs."""
+    exp = load_experiment(
+        LONG,
+        [
+            f"out_dir={tmp_path}",
+            "seeds=[0]",
+            "max_steps=2",
+            "eval_tasks=2",
+            "warmup_threads=1",
+            f"base.model.path={tiny_model_dir}",
+            "base.train.warmup.steps=2",
+            "base.train.warmup.demos=4",
+            "base.train.warmup.check_demos=0",
+            "base.rollout.max_new_tokens=24",
+            "base.env.kwargs.max_depth=4",
+        ],
+    )
+    main = exp.cells[:2]  # tir_otb-N4 and grpo-N4, depth 1..8
+    depth2 = [c for c in exp.sections["horizon"] if c.name == "tir_otb-N4-d2"]
+    exp.cells, exp.sections = main, {"lr_frontier": [main[1]], "horizon": [*depth2, main[0]]}
+    warm = run_experiment(exp, None)
+    assert (warm / "config.json").exists() and not (warm.parent / "runs").exists()
+    run_experiment(exp, (0, 2))
+    run_experiment(exp, (1, 2))
+    runs = sorted(p.name for p in (warm.parent / "runs").iterdir() if not p.name.startswith("start-"))
+    assert runs == ["grpo-N4-s0", "tir_otb-N4-d2-s0", "tir_otb-N4-s0"]  # each once, over both shards
+    assert len([p for p in (warm.parent / "runs").iterdir() if p.name.startswith("start-")]) == 2
+    report = run_experiment(exp)
+    text = report.read_text()
+    for section in ("main", "lr_frontier", "horizon"):
+        assert f"## {section}" in text and (report.parent / f"plot_{section}.png").stat().st_size > 0
+    results = json.loads((report.parent / "results.json").read_text())
+    assert results["horizon"]["tir_otb-N4"] == results["main"]["tir_otb-N4"]  # the same run
+    assert results["main"]["grpo-N4"][0]["steps"] == 2 and "collapsed" in results["main"]["grpo-N4"][0]
+
+
+def test_two_different_cells_may_not_share_a_name(tmp_path: Path) -> None:
+    from agent_rl.config import ConfigError
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "cells": [{"estimator": "grpo", "group_size": 4}],
+                "sections": {
+                    "other": [{"estimator": "grpo", "group_size": 4, "overrides": {"train.lr": 0.1}}]
+                },
+            }
+        )
+    )
+    with pytest.raises(ConfigError, match="grpo-N4"):
+        load_experiment(path)
