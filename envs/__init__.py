@@ -10,7 +10,15 @@ from __future__ import annotations
 from envs.demos import Episode, demonstration, play, scripted_single_turn, scripted_solution
 from envs.env import ResetNeeded, ToolEnv
 from envs.math_envs import CalculatorMathEnv, MathNoToolEnv, PythonMathEnv
-from envs.parsing import CodeBlockFormat, HermesFormat, ParsedTurn, ToolFormat, get_format
+from envs.parsing import (
+    CodeBlockFormat,
+    HermesFormat,
+    Llama3JsonFormat,
+    MistralFormat,
+    ParsedTurn,
+    ToolFormat,
+    get_format,
+)
 from envs.registry import (
     NAMESPACE,
     PLUGIN_GROUP,
@@ -38,8 +46,10 @@ __all__ = [
     "GeneratedTasks",
     "HermesFormat",
     "ListTasks",
+    "Llama3JsonFormat",
     "MathNoToolEnv",
     "MathVerifier",
+    "MistralFormat",
     "ParsedTurn",
     "PluginWarning",
     "PythonMathEnv",

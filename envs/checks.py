@@ -105,9 +105,7 @@ def _has_tools(env: gym.Env) -> bool:
 
 
 def _malformed_call(env: gym.Env) -> str:
-    return (
-        "<tool_call>{not json</tool_call>" if env.unwrapped.format.name == "hermes" else "```python\nprint(1)"
-    )
+    return env.unwrapped.format.malformed_example or "```python\nprint(1)"
 
 
 @check("malformed_call_is_observation")

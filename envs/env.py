@@ -61,13 +61,14 @@ class ToolEnv(gym.Env[list[Message], str]):
         tasks: an indexable task source (GeneratedTasks, load_tasks(...), a list of Task).
         tools: the tools the agent may call; None = one PythonTool on `sandbox`; [] = no tools
             (single-turn: every turn ends the episode).
-        tool_format: "code" (```python / ```output) or "hermes" (<tool_call> JSON).
+        tool_format: "code" (```python / ```output), "hermes" (<tool_call> JSON), "llama3_json"
+            (Llama 3.1/3.2 JSON calls), "mistral" or "mistral_v11" ([TOOL_CALLS]); see envs.parsing.
         system_prompt: None builds a short one from the format; "" sends no system message.
         tool_listing: where the tools' JSON schemas go. "system_prompt": the default system prompt
             lists them (the hermes format's "Tools:" line). "native": the prompt leaves them out and
             `reset` returns them as ``info["tools"]``, for the caller to pass as
             ``apply_chat_template(tools=...)`` so the model sees its own trained tool block. Only a
-            format whose calls are JSON function calls (hermes) has a list to hand over; with the
+            format whose calls are JSON function calls (all but "code") has a list to hand over; with the
             ```python format "native" changes nothing.
         max_turns: assistant turns before truncation.
         max_tool_calls: tool calls per episode before truncation (the budget).

@@ -37,6 +37,7 @@ from agent_rl.rollout.chat_delta import (
     ChatTemplateError,
     template_renders_tools,
 )
+from agent_rl.rollout.decode import decode_turn, marker_ids
 from agent_rl.rollout.engine import Completion, Engine, SamplingParams
 from agent_rl.rollout.trajectory import Trajectory, TurnRecord, json_safe
 
@@ -295,6 +296,8 @@ class Collector:
             self._make_env = env_factory
         self.last_stats = CollectStats()
         self._calls = 0
+        self._markers = marker_ids(tokenizer)
+        """Tool-call special tokens kept when a turn is decoded for the env (rollout.decode)."""
 
     def _chat_delta(self, tools: list[dict[str, Any]] | None) -> ChatDelta:
         return ChatDelta(
@@ -540,7 +543,7 @@ class _Episode:
         Collector._append_policy(self.traj, completion)
         record = TurnRecord(policy_tokens=len(completion.token_ids), finish_reason=completion.finish_reason)
         self.traj.turns.append(record)
-        text = self.collector.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        text = decode_turn(self.collector.tokenizer, completion.token_ids, self.collector._markers)
         self.stats.bookkeeping_s += time.perf_counter() - t1
         return completion, record, text
 

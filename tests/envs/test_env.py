@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gymnasium
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -242,6 +243,33 @@ def test_a_result_names_its_tool_even_for_a_malformed_call(sandbox) -> None:
     two.close()
 
 
+MODEL_CALLS = {
+    "llama3_json": '{"name": "calculator", "parameters": {"expression": "2**10"}}',
+    "mistral": '[TOOL_CALLS][{"name": "calculator", "arguments": {"expression": "2**10"}}]',
+    "mistral_v11": '[TOOL_CALLS]calculator[ARGS]{"expression": "2**10"}',
+}
+
+
+@pytest.mark.parametrize("tool_format", list(MODEL_CALLS))
+def test_llama_and_mistral_formats_through_the_env_and_the_registry(tool_format: str) -> None:
+    """`tool_format=` picks the model's own call syntax; the env id made by gymnasium passes the checks."""
+    env = envs.CalculatorMathEnv(difficulty=0, tool_format=tool_format)
+    (system, _), _ = env.reset(seed=0)
+    assert env.format.name == tool_format and "Tools:" in system["content"]
+    obs, reward, terminated, _, info = env.step(MODEL_CALLS[tool_format])
+    assert obs == [{"role": "tool", "name": "calculator", "tool_call_id": "000100000", "content": "1024"}]
+    assert not terminated and reward == 0.0 and info["parse_errors"] == []
+    obs, reward, *_, info = env.step(f"\\boxed{{{env.task.answer}}}")
+    assert reward == 1.0 and info["verification"]["correct"]
+    env.reset(seed=0)
+    bad, _, terminated, _, info = env.step(env.format.malformed_example)
+    assert not terminated and "Error" in bad[0]["content"] and info["parse_errors"]
+    made = gymnasium.make("agent_rl/CalculatorMath-v0", tool_format=tool_format, tool_listing="native")
+    assert check_env(made) and made.unwrapped.format.name == tool_format
+    assert made.unwrapped.native_tools and "Tools:" not in made.unwrapped.system_prompt
+    made.close()
+
+
 FUZZ_PIECES = st.sampled_from(
     [
         "```python\n",
@@ -254,6 +282,11 @@ FUZZ_PIECES = st.sampled_from(
         '{"name": "python", ',
         '"arguments": {"code": "print(2)"}}',
         '{"name": "calculator", "arguments": {"expression": "2**99"}}',
+        '{"name": "calculator", "parameters": {"expression": "3"}}; ',
+        "<|python_tag|>",
+        "[TOOL_CALLS]",
+        '[{"name": "calculator", "arguments": {"expression": "2"}}]',
+        'calculator[ARGS]{"expression": "4"}',
         "\\boxed{",
         "}",
         "<answer>",
@@ -275,7 +308,10 @@ def test_env_steps_never_raise_on_arbitrary_turns(turns: list[str]) -> None:
     backend = FaultyBackend()
     for env in (
         ToolEnv([TASK], sandbox=backend, max_turns=3),
-        ToolEnv([TASK], tools=[CalculatorTool()], tool_format="hermes", max_turns=3),
+        *(
+            ToolEnv([TASK], tools=[CalculatorTool()], tool_format=f, max_turns=3)
+            for f in ("hermes", *MODEL_CALLS)
+        ),
     ):
         obs, _ = env.reset(seed=0)
         for turn in turns:

@@ -13,6 +13,7 @@ added here at their published ids.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 from dataclasses import dataclass
@@ -30,9 +31,10 @@ from agent_rl.rollout.chat_delta import (
     template_renders_tools,
 )
 from agent_rl.rollout.collector import Collector, CollectorConfig
+from agent_rl.rollout.decode import decode_turn, marker_ids
 from agent_rl.tiny_model import CHAT_TEMPLATE as TINY_CHATML
 from agent_rl.warmup import tokenize_conversation
-from envs import CalculatorMathEnv
+from envs import CalculatorMathEnv, get_format
 from envs.demos import demonstration
 from envs.tools import CalculatorTool
 from tests.agent_rl.rollout.helpers import ScriptedEngine, ScriptedToolEnv
@@ -144,6 +146,14 @@ CASES: dict[str, Case] = {
     "llama3.1": Case(llama31_tokenizer, {}, "plain", "Given the following functions"),
     "mistral-nemo": Case(mistral_tokenizer, {}, "plain", "[AVAILABLE_TOOLS]", rerender_equal=False),
 }
+
+
+@functools.cache
+def _tokenizer(name: str) -> PreTrainedTokenizerFast:
+    """One tokenizer per case for the whole module (building a vocabulary takes seconds)."""
+    return CASES[name].factory()
+
+
 OPENING = [
     {"role": "system", "content": "You are a careful assistant."},
     {"role": "user", "content": "What is 6 * 7? Use the calculator."},
@@ -304,18 +314,21 @@ def test_collector_passes_the_envs_native_tools_to_the_template(case: Any) -> No
         assert tool_ids == tok.encode(after, add_special_tokens=False), name
 
 
-@pytest.mark.parametrize("name", ["qwen2.5", "llama3.1"])
-def test_warmup_examples_equal_rollouts_with_native_tools(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "tool_format"), [("qwen2.5", "hermes"), ("llama3.1", "hermes"), ("llama3.1", "llama3_json")]
+)
+def test_warmup_examples_equal_rollouts_with_native_tools(name: str, tool_format: str) -> None:
     """A warm-up demonstration tokenised with the env's native tools is the very token sequence
-    the collector builds when the policy writes the same turns (append-only templates)."""
-    tok = CASES[name].factory()
-    env = CalculatorMathEnv(difficulty=0, tool_listing="native")
+    the collector builds when the policy writes the same turns (append-only templates), also when
+    the demonstration writes Llama's own call syntax."""
+    tok = _tokenizer(name)
+    env = CalculatorMathEnv(difficulty=0, tool_listing="native", tool_format=tool_format)
     episode = demonstration(env, 0)
     assert episode.total_reward == 1.0
     example = tokenize_conversation(tok, episode.messages, tools=episode.infos[0]["tools"])
     turns = [m["content"] for m in episode.messages if m["role"] == "assistant"]
     engine = InOrderEngine(tok, turns)
-    make_env = lambda: CalculatorMathEnv(difficulty=0, tool_listing="native")  # noqa: E731
+    make_env = lambda: CalculatorMathEnv(difficulty=0, tool_listing="native", tool_format=tool_format)  # noqa: E731
     traj = Collector(engine, tok, make_env, CollectorConfig(max_total_tokens=2048)).collect(
         [{"task_index": 0, "seed": 0}], 1
     )[0]
@@ -349,3 +362,120 @@ def test_model_tool_schemas_config_resolves_against_the_models_template(tmp_path
     assert "Tools:" not in env.reset(seed=0)[0][0]["content"]
     forced = load_config(None, [f"model.path={tmp_path}", "model.tool_schemas=system_prompt"])
     assert "tool_listing" not in build.env_kwargs(forced)
+
+
+# ----- the models' own call syntaxes (envs.parsing: llama3_json, mistral) -------------------------
+NATIVE_SYNTAX = {"llama3.1": "llama3_json", "mistral-nemo": "mistral"}
+"""Each model with the tool format it was trained on."""
+PARTS = ("954", "914")
+
+
+def _native_turns(tool_format: str) -> list[str]:
+    """Three turns in the model's own syntax: two calls in one turn (Llama 3.2's `<|python_tag|>`
+    and `;`, Mistral v3's list), the call exactly as `render_call` writes it, then the answer."""
+    fmt = get_format(tool_format)
+    key = "parameters" if tool_format == "llama3_json" else "arguments"
+    calc = lambda e: {"name": "calculator", key: {"expression": e}}  # noqa: E731
+    if tool_format == "llama3_json":
+        two = "<|python_tag|>" + "; ".join(json.dumps(calc(e)) for e in PARTS)
+    else:
+        two = "[TOOL_CALLS]" + json.dumps([calc(e) for e in PARTS])
+    return [
+        two,
+        fmt.render_call("calculator", {"expression": "954 * 914"}),
+        "The product is \\boxed{871956}.",
+    ]
+
+
+def _played(tool_format: str, listing: str, turns: list[str]) -> tuple[list[Any], Any, list[list[Any]]]:
+    """The same episode stepped directly: the opening messages, the reset info and each turn's reply."""
+    env = CalculatorMathEnv(difficulty=0, tool_format=tool_format, tool_listing=listing)
+    opening, info = env.reset(seed=0, options={"task_index": 0})
+    return opening, info, [env.step(text)[0] for text in turns]
+
+
+@pytest.mark.parametrize("listing", ["system_prompt", "native"])
+@pytest.mark.parametrize("name", list(NATIVE_SYNTAX))
+def test_episode_in_the_models_own_call_syntax_is_token_exact(name: str, listing: str) -> None:
+    """Llama 3.1 and Mistral Nemo write their calls in their own syntax: the env parses them
+    (`<|python_tag|>` and `[TOOL_CALLS]` are special tokens the collector must keep when it decodes),
+    and the trajectory is token-exact, masked and prefix-stable through the real template."""
+    tok, tool_format = _tokenizer(name), NATIVE_SYNTAX[name]
+    turns = _native_turns(tool_format)
+    engine = InOrderEngine(tok, turns)
+    make_env = lambda: CalculatorMathEnv(difficulty=0, tool_format=tool_format, tool_listing=listing)  # noqa: E731
+    traj = Collector(engine, tok, make_env, CollectorConfig(max_total_tokens=4096)).collect(
+        [{"task_index": 0, "seed": 0}], 1
+    )[0]
+    assert traj.stop_reason == "terminated" and traj.reward == 1.0, (name, traj.stop_reason)
+    calls = [[c["arguments"]["expression"] for c in t.info["tool_calls"]] for t in traj.turns]
+    assert calls == [list(PARTS), ["954 * 914"], []], name
+    assert all(not t.info["parse_errors"] for t in traj.turns)
+    full = traj.prompt_ids + traj.response_ids
+    assert all(full[: len(p)] == p for p in engine.prefixes)
+    sampled = [[*tok.encode(t, add_special_tokens=False), tok.eos_token_id] for t in turns]
+    assert _runs_of_mask_one(traj.response_ids, traj.response_mask) == sampled
+    # The prompt is the template's; each env reply (two tool messages, then one) is what the template
+    # writes after that assistant turn. (Mistral's template cannot render two assistant turns with
+    # plain content around tool messages in one go, so each turn is rendered on its own.)
+    opening, info, replies = _played(tool_format, listing, turns)
+    assert [len(r) for r in replies] == [2, 1, 0]
+    render = lambda msgs, gen: tok.apply_chat_template(  # noqa: E731
+        msgs, tokenize=False, add_generation_prompt=gen, tools=info.get("tools")
+    )
+    encode = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    assert traj.prompt_ids == encode(render(opening, True))
+    pos = 0
+    for text, ids, reply in zip(turns, sampled, replies):
+        pos += len(ids)
+        if reply:
+            one_shot = render([*opening, {"role": "assistant", "content": text}, *reply], True)
+            expected = encode(one_shot[one_shot.index(text) + len(text) + len(tok.eos_token) :])
+            assert traj.response_ids[pos : pos + len(expected)] == expected, name
+            assert not any(traj.response_mask[pos : pos + len(expected)])
+            pos += len(expected)
+    assert pos == len(traj.response_ids)
+    if CASES[name].rerender_equal:  # Llama 3.1: the whole trajectory is the template's render
+        conversation = [*opening]
+        for text, reply in zip(turns, replies):
+            conversation += [{"role": "assistant", "content": text}, *reply]
+        assert full == encode(render(conversation, False))
+
+
+@pytest.mark.parametrize("name", list(NATIVE_SYNTAX))
+def test_render_call_is_what_the_template_writes_for_a_tool_call(name: str) -> None:
+    """A demonstration's call is the model's own rendering of a structured `tool_calls` message:
+    Llama 3.1's character for character; Mistral Nemo's less the `"id"` its template adds (the env
+    pairs results with calls by position and gives them its own ids)."""
+    tok, fmt = _tokenizer(name), get_format(NATIVE_SYNTAX[name])
+    arguments = {"expression": "6 * 7", "note": "π ≈ 3.14"}
+    call = {"id": "000100000", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
+    text = tok.apply_chat_template([*OPENING, {"role": "assistant", "tool_calls": [call]}], tokenize=False)
+    opener = "[/INST]" if name == "mistral-nemo" else "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    written = text[text.rindex(opener) + len(opener) :].removesuffix(tok.eos_token)
+    expected = fmt.render_call("calculator", arguments)
+    if name == "mistral-nemo":
+        expected = expected[: -len("}]")] + ', "id": "000100000"}]'
+    assert written == expected
+    parsed = fmt.parse(written)
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("calculator", arguments)] and not parsed.errors
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_decoding_a_turn_keeps_only_the_tool_call_markers(name: str) -> None:
+    """The collector drops special tokens (eos) from the text it hands the env, but keeps the
+    special tokens that open a call: Llama's `<|python_tag|>`, Mistral's `[TOOL_CALLS]`."""
+    tok = _tokenizer(name)
+    markers = marker_ids(tok)
+    marker = {"llama3.1": "<|python_tag|>", "mistral-nemo": "[TOOL_CALLS]"}.get(name)
+    assert list(markers.values()) == ([marker] if marker else []), name
+    plain = [*tok.encode("So \\boxed{42}.", add_special_tokens=False), tok.eos_token_id]
+    assert (
+        decode_turn(tok, plain, markers) == tok.decode(plain, skip_special_tokens=True) == "So \\boxed{42}."
+    )
+    if marker:
+        text = f'Let me: {marker}[{{"name": "calculator"}}] é'
+        ids = [*tok.encode(text, add_special_tokens=False), tok.eos_token_id]
+        assert markers[ids[ids.index(next(iter(markers)))]] == marker  # one special token
+        assert decode_turn(tok, ids, markers) == text
+        assert marker not in tok.decode(ids, skip_special_tokens=True)
