@@ -19,6 +19,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from sandbox.output_pipes import prepend_to
+
 _DRIVER = Path(__file__).with_name("run_driver.py")
 
 
@@ -74,7 +76,7 @@ def unsupported_message(language: str) -> str:
 
 @cache
 def _driver_source() -> str:
-    return _DRIVER.read_text(encoding="utf-8")
+    return prepend_to(_DRIVER.read_text(encoding="utf-8"))
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,12 @@ status, negative for a signal (-9 for SIGKILL), as Python's subprocess reports i
 import base64
 import json
 import os
-import select
 import signal
 import sys
 import time
+
+if "Pipes" not in globals():  # in the repository; shipped, the host put output_pipes.py in front
+    from sandbox.output_pipes import Pipes
 
 # Lean on purpose: no subprocess/threading/tempfile (importing those costs a fresh worker tens of
 # milliseconds, more than running a small program): posix_spawn, pipes and poll do the same job.
@@ -58,58 +60,6 @@ def _spawn(argv):
     return pid, in_w, out_r, err_r
 
 
-class _Pipes:
-    """Feeds stdin and keeps the first ``cap`` bytes of stdout/stderr (the rest is drained)."""
-
-    def __init__(self, in_w, out_r, err_r, stdin, cap):
-        self.cap = cap
-        self.bufs = {out_r: bytearray(), err_r: bytearray()}
-        self.poller = select.poll()
-        for fd in (out_r, err_r):
-            self.poller.register(fd, select.POLLIN)
-        self.stdin, self.in_w = memoryview(stdin), in_w
-        if stdin:
-            os.set_blocking(in_w, False)
-            self.poller.register(in_w, select.POLLOUT)
-        else:
-            os.close(in_w)
-            self.in_w = None
-        self.open = {out_r, err_r}
-
-    def _drop(self, fd):
-        self.poller.unregister(fd)
-        os.close(fd)
-        self.open.discard(fd)
-        if fd == self.in_w:
-            self.in_w = None
-
-    def pump(self, wait_s):
-        """Move whatever is ready within ``wait_s`` seconds."""
-        for fd, _ in self.poller.poll(max(0, int(wait_s * 1000))):
-            if fd == self.in_w:
-                try:
-                    self.stdin = self.stdin[os.write(fd, self.stdin[: 1 << 16]) :]
-                except OSError:  # the program closed its stdin (EPIPE): it wants no more
-                    self.stdin = self.stdin[:0]
-                if not self.stdin:
-                    self._drop(fd)
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                self._drop(fd)
-                continue
-            buf = self.bufs[fd]
-            if len(buf) < self.cap:
-                buf += chunk[: self.cap - len(buf)]
-
-    def close(self):
-        for fd in list(self.open) + ([self.in_w] if self.in_w is not None else []):
-            self._drop(fd)
-
-    def text(self, fd):
-        return bytes(self.bufs[fd]).decode("utf-8", errors="replace")
-
-
 def _step(argv, stdin, timeout_s, cap):
     """Run ``argv`` with ``timeout_s``; what it printed is kept even when the timeout fires."""
     t0 = time.perf_counter()
@@ -123,7 +73,7 @@ def _step(argv, stdin, timeout_s, cap):
             "stderr": f"{argv[0]}: {e}\n",
             "execution_time": time.perf_counter() - t0,
         }
-    pipes = _Pipes(in_w, out_r, err_r, stdin.encode("utf-8"), cap)
+    pipes = Pipes(in_w, out_r, err_r, stdin.encode("utf-8"), cap)
     deadline, status, code, ended = t0 + timeout_s, "Finished", None, None
     while ended is None or (pipes.open and time.perf_counter() < ended + _DRAIN_S):
         now = time.perf_counter()

@@ -30,6 +30,7 @@ from typing import Any
 
 from sandbox.bwrap.launcher import LaunchConfig, Launcher, WorkerProcess, compile_worker
 from sandbox.limits import Limits
+from sandbox.output_pipes import prepend_to
 from sandbox.result import SandboxUnavailable
 from sandbox.session.protocol import ChannelError
 
@@ -46,7 +47,7 @@ class ZygoteLauncher(Launcher):
     def __init__(self, config: LaunchConfig, extra: dict[str, Any] | None = None) -> None:
         super().__init__(config)
         self.extra = dict(extra or {})
-        self._worker_source = ZYGOTE_PATH.read_text()
+        self._worker_source = prepend_to(ZYGOTE_PATH.read_text())
         self._worker_code = compile_worker(config.python, self._worker_source)
 
     def worker_config(self, limits: Limits, workdir: str) -> dict[str, object]:

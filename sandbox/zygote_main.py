@@ -47,6 +47,9 @@ import struct
 import sys
 import time
 
+if "Pipes" not in globals():  # in the repository; shipped, the host put output_pipes.py in front
+    from sandbox.output_pipes import Pipes
+
 # "The usual imports": what one-shot programs commonly import, loaded once here instead of per
 # run. Kept lean on purpose: every MB the zygote holds makes each fork dearer (page tables copied
 # and torn down per request), so heavy modules (unittest, decimal, numpy) are left to the program.
@@ -231,53 +234,6 @@ def _exit_with(status):
     os._exit(status)
 
 
-class _Output:
-    """Feeds stdin and keeps the first ``cap`` bytes of stdout/stderr, draining the rest."""
-
-    def __init__(self, in_w, out_r, err_r, stdin, cap):
-        self.cap, self.in_w, self.stdin = cap, in_w, memoryview(stdin)
-        self.bufs = {out_r: bytearray(), err_r: bytearray()}
-        self.out_r, self.err_r = out_r, err_r
-        self.poller = select.poll()
-        self.open = {out_r, err_r}
-        for fd in self.open:
-            self.poller.register(fd, select.POLLIN)
-        if stdin:
-            os.set_blocking(in_w, False)
-            self.poller.register(in_w, select.POLLOUT)
-        else:
-            os.close(in_w)
-            self.in_w = None
-
-    def _drop(self, fd):
-        self.poller.unregister(fd)
-        os.close(fd)
-        self.open.discard(fd)
-        if fd == self.in_w:
-            self.in_w = None
-
-    def pump(self, wait_s):
-        for fd, _ in self.poller.poll(max(0, int(wait_s * 1000))):
-            if fd == self.in_w:
-                try:
-                    self.stdin = self.stdin[os.write(fd, self.stdin[: 1 << 16]) :]
-                except OSError:
-                    self.stdin = self.stdin[:0]
-                if not self.stdin:
-                    self._drop(fd)
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                self._drop(fd)
-                continue
-            buf = self.bufs[fd]
-            if len(buf) < self.cap:
-                buf += chunk[: self.cap - len(buf)]
-
-    def text(self, fd):
-        return bytes(self.bufs[fd]).decode("utf-8", errors="replace")
-
-
 def _supervise(req, result_w, uid, gid):
     """(in S, pid 1) Isolate, start Q, collect its output until it ends or times out; report."""
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the zygote gone: this tree goes too
@@ -304,7 +260,7 @@ def _supervise(req, result_w, uid, gid):
         _report(result_w, {"error": f"cannot isolate the program: {e}"})
         return
     stdin = req["stdin"].encode("utf-8")
-    step = _collect(req, q, _Output(in_w, out_r, err_r, stdin, req["output_bytes"]), t0)
+    step = _collect(req, q, Pipes(in_w, out_r, err_r, stdin, req["output_bytes"]), t0)
     report = {"compile": None, "run": step, "files": {}, "missing": []}
     report["files"], report["missing"] = _fetch(req.get("fetch_files") or [], req.get("fetch_bytes", 0))
     _report(result_w, {"report": report})
@@ -335,8 +291,7 @@ def _collect(req, q, out, t0):
         if ended is None and not out.open:
             time.sleep(0.001)
     _kill_namespace()  # whatever Q left behind (daemons): as pid 1, kill(-1) reaches all of it
-    for fd in list(out.open) + ([out.in_w] if out.in_w is not None else []):
-        out._drop(fd)
+    out.close()
     return {
         "status": status,
         "return_code": code,
