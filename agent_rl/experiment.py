@@ -14,6 +14,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import shutil
 import statistics
 from dataclasses import dataclass
@@ -293,18 +294,21 @@ class Section:
 
     name: str
     cells: list[Cell]
-    rows: dict[str, list[list[dict[str, Any]]]]
-    """cell name -> one metrics list per seed."""
+    rows: dict[str, dict[int, list[dict[str, Any]]]]
+    """cell name -> seed -> that run's metrics (finished runs only)."""
     equal_tokens: float
     """The equal-tokens budget: the experiment's, or the mean tokens of the section's cheapest cell."""
 
     @classmethod
-    def read(cls, exp: ExperimentConfig, name: str, cells: list[Cell], runs: Path) -> Section:
-        rows = {c.name: [read_metrics(runs / f"{c.name}-s{s}") for s in exp.seeds] for c in cells}
+    def read(cls, exp: ExperimentConfig, name: str, cells: list[Cell], runs: Path, done: set[str]) -> Section:
+        rows = {
+            c.name: {s: read_metrics(runs / f"{c.name}-s{s}") for s in exp.seeds if f"{c.name}-s{s}" in done}
+            for c in cells
+        }
         used = [
-            statistics.fmean(update_rows(r)[-1]["tokens/cumulative"] for r in per_seed if update_rows(r))
+            statistics.fmean(update_rows(r)[-1]["tokens/cumulative"] for r in per_seed.values())
             for per_seed in rows.values()
-            if any(update_rows(r) for r in per_seed)
+            if per_seed
         ]
         budget = exp.max_rollout_tokens or (min(used) if used else 1.0)
         return cls(name, cells, rows, float(budget))
@@ -315,29 +319,37 @@ class Section:
         sizes = {c.group_size for c in self.cells}
         if len(sizes) < 2:
             return math.nan
-        best = [statistics.fmean(finals[c.name]) for c in self.cells if c.group_size == max(sizes)]
+        best = [
+            statistics.fmean(finals[c.name])
+            for c in self.cells
+            if c.group_size == max(sizes) and finals[c.name]
+        ]
         return max(best) if best else math.nan
 
 
 def summarize_section(exp: ExperimentConfig, section: Section) -> dict[str, list[dict[str, float]]]:
+    """Per cell, one summary per finished seed (`seed` names it)."""
     window = exp.success_window * section.equal_tokens
     out = {
         name: [
-            summarize_run(
-                rows,
-                exp.target_success,
-                exp.spike_factor,
-                window,
-                equal_tokens=section.equal_tokens,
-                collapse=(exp.collapse_drop, exp.collapse_surge),
-            )
-            for rows in per_seed
+            {
+                "seed": float(seed),
+                **summarize_run(
+                    rows,
+                    exp.target_success,
+                    exp.spike_factor,
+                    window,
+                    equal_tokens=section.equal_tokens,
+                    collapse=(exp.collapse_drop, exp.collapse_surge),
+                ),
+            }
+            for seed, rows in per_seed.items()
         ]
         for name, per_seed in section.rows.items()
     }
     level = section.large_n_level({n: [r["final_success"] for r in runs] for n, runs in out.items()})
     for name, per_seed in section.rows.items():
-        for summary, rows in zip(out[name], per_seed):
+        for summary, rows in zip(out[name], per_seed.values()):
             summary["tokens_to_best_large_n"] = tokens_to(rows, level, window) if level == level else math.nan
     return out
 
@@ -438,43 +450,86 @@ def _run_cell(exp: ExperimentConfig, cell: Cell, seed: int, warm: Path, out: Pat
     from agent_rl.train import Trainer
 
     cfg = _cell_config(exp, cell, seed, warm, out)
-    if _finished(cfg):
-        print(f"{cell.name} seed {seed}: finished earlier with this config; reusing it", flush=True)
-    else:
-        shutil.rmtree(cfg.run_dir, ignore_errors=True)  # never append to an unfinished run's logs
-        Trainer(cfg).fit()
+    shutil.rmtree(cfg.run_dir, ignore_errors=True)  # never append to an unfinished run's logs
+    Trainer(cfg).fit()
     heldout_success(cfg, exp.eval_tasks)
     _start_success(cfg, exp.eval_tasks)
     return cfg
 
 
 def _runs(exp: ExperimentConfig) -> list[tuple[Cell, int]]:
-    """Every (cell, seed) once, seeds outermost: an interrupted grid still covers every cell."""
-    unique = {c.name: c for cells in all_sections(exp).values() for c in cells}
-    return [(cell, seed) for seed in exp.seeds for cell in unique.values()]
+    """Every (cell, seed) once: the main table first, then each section; within one, seeds
+    outermost, so an interrupted grid still covers every cell of the tables it reached."""
+    runs: dict[tuple[str, int], tuple[Cell, int]] = {}
+    for cells in all_sections(exp).values():
+        for seed in exp.seeds:
+            for cell in cells:
+                runs.setdefault((cell.name, seed), (cell, seed))
+    return list(runs.values())
 
 
-def run_experiment(exp: ExperimentConfig, shard: tuple[int, int] | None = (0, 1)) -> Path:
-    """Train what is missing, then write the report. `shard=(i, k)`: only every k-th run from
-    the i-th, no report (run k shards side by side, then once without a shard for the report).
-    `shard=None`: the shared warm-up only; returns the warmed-up model's folder."""
+def _claim(out: Path, run: str) -> Path | None:
+    """Claim a run for this process (None: a live process holds it), so that workers started side
+    by side never train the same run. A claim is a file naming its pid, made atomically by a
+    hard link; one whose process is gone (a crashed worker) is taken over."""
+    claims = out / "claims"
+    claims.mkdir(exist_ok=True)
+    path, mine = claims / run, claims / f".{run}.{os.getpid()}"
+    mine.write_text(str(os.getpid()))
+    try:
+        for _ in range(2):
+            try:
+                os.link(mine, path)
+                return path
+            except FileExistsError:
+                try:
+                    os.kill(int(path.read_text()), 0)
+                    return None  # alive (or not ours to signal: then alive too)
+                except PermissionError:
+                    return None
+                except (ProcessLookupError, ValueError, FileNotFoundError):
+                    path.unlink(missing_ok=True)  # its process is gone: take it over
+        return None
+    finally:
+        mine.unlink(missing_ok=True)
+
+
+def run_experiment(exp: ExperimentConfig, mode: str = "all") -> Path:
+    """`all`: train what is missing, then write the report. `worker`: train runs no other
+    process has claimed, no report (start one per core; then `report`). `report`: the report
+    from the runs finished so far. `warmup`: the shared warm-up only; returns its model folder."""
+    if mode not in ("all", "worker", "report", "warmup"):
+        raise ValueError(f"mode must be all, worker, report or warmup, got {mode!r}")
     out = Path(exp.out_dir).resolve() / exp.name
     out.mkdir(parents=True, exist_ok=True)
     warm = warm_up_once(exp, out)
-    if shard is None:
+    if mode == "warmup":
         return warm
-    for n, (cell, seed) in enumerate(_runs(exp)):
-        if n % shard[1] == shard[0]:
-            _run_cell(exp, cell, seed, warm, out)
-    if shard[1] > 1:
+    done: set[str] = set()
+    for cell, seed in _runs(exp):
+        cfg = _cell_config(exp, cell, seed, warm, out)
+        if _finished(cfg):
+            print(f"{cfg.run.name}: finished earlier with this config; reusing it", flush=True)
+        elif mode != "report":
+            claim = _claim(out, cfg.run.name)
+            if claim is None:
+                print(f"{cfg.run.name}: being trained by another process; not in this report", flush=True)
+                continue
+            try:
+                _run_cell(exp, cell, seed, warm, out)
+            finally:
+                claim.unlink(missing_ok=True)
+        if _finished(cfg):
+            done.add(cfg.run.name)
+    if mode == "worker":
         return out / "report.md"
     results = {}
     for name, cells in all_sections(exp).items():
-        section = Section.read(exp, name, cells, out / "runs")
+        section = Section.read(exp, name, cells, out / "runs", done)
         results[name] = summarize_section(exp, section)
         for cell in cells:
-            for summary, seed in zip(results[name][cell.name], exp.seeds):
-                cfg = _cell_config(exp, cell, seed, warm, out)
+            for summary in results[name][cell.name]:
+                cfg = _cell_config(exp, cell, int(summary["seed"]), warm, out)
                 summary["heldout_success"] = heldout_success(cfg, exp.eval_tasks)
                 summary["start_heldout"] = _start_success(cfg, exp.eval_tasks)
         plot_section(exp, section, out)
@@ -490,38 +545,27 @@ def _start_success(cfg: Config, tasks: int) -> float:
     return heldout_success(start, tasks, final=False)
 
 
-def _shard(text: str) -> tuple[int, int]:
-    i, k = (int(x) for x in text.split("/"))
-    if not 0 <= i < k:
-        raise argparse.ArgumentTypeError(f"--shard wants i/k with 0 <= i < k, got {text!r}")
-    return i, k
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agent-rl experiment", description=__doc__.splitlines()[0])
     parser.add_argument("config", help="experiment YAML, e.g. configs/otb_vs_grpo.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument(
-        "--shard",
-        type=_shard,
-        default=(0, 1),
-        metavar="I/K",
-        help="train only every K-th run from the I-th and write no report (run K shards side by "
-        "side on K cores after the shared warm-up, then once without --shard for the report)",
-    )
-    parser.add_argument(
-        "--warmup-only", action="store_true", help="the shared warm-up only (before starting shards)"
+        "--mode",
+        choices=("all", "worker", "report", "warmup"),
+        default="all",
+        help="all: train what is missing, then report; warmup: the shared warm-up only (run it "
+        "first when starting workers); worker: train runs no other worker has claimed, no report "
+        "(one per core, side by side); report: a report of the runs finished so far",
     )
     args = parser.parse_args(argv)
     try:
         exp = load_experiment(args.config, args.overrides)
     except (ConfigError, FileNotFoundError) as err:
         parser.error(str(err))
-    if args.warmup_only:
-        print(f"warmed-up model: {run_experiment(exp, None)}")
-        return 0
-    report = run_experiment(exp, args.shard)
-    if args.shard[1] == 1:
-        print(report.read_text())
-        print(f"report: {report}")
+    result = run_experiment(exp, args.mode)
+    if args.mode == "warmup":
+        print(f"warmed-up model: {result}")
+    elif args.mode != "worker":
+        print(result.read_text())
+        print(f"report: {result}")
     return 0

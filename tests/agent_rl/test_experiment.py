@@ -16,6 +16,7 @@ from agent_rl.experiment import (
     ExperimentConfig,
     Section,
     _cell_config,
+    _claim,
     collapsed,
     load_experiment,
     run_experiment,
@@ -79,7 +80,10 @@ def test_equal_updates_section_reads_both_views() -> None:
         max_steps=4,
         success_window=0.25,
     )
-    rows = {"tir_otb-N4": [_run([0.2, 0.5, 0.7, 0.9], 100)], "grpo-N32": [_run([0.3, 0.6, 0.7, 0.8], 200)]}
+    rows = {
+        "tir_otb-N4": {0: _run([0.2, 0.5, 0.7, 0.9], 100)},
+        "grpo-N32": {0: _run([0.3, 0.6, 0.7, 0.8], 200)},
+    }
     out = summarize_section(exp, Section("main", exp.cells, rows, equal_tokens=400.0))
     otb, big = out["tir_otb-N4"][0], out["grpo-N32"][0]
     assert otb["success_at_equal_tokens"] == pytest.approx(0.9)  # its whole run fits the budget
@@ -161,9 +165,9 @@ LONG = CONFIG.parent / "long_horizon.yaml"
 
 
 @pytest.mark.slow
-def test_long_horizon_grid_in_shards_then_one_report(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """configs/long_horizon.yaml reduced to its machinery: the shared warm-up, two shards that
-    split the runs, and a report with a table and a plot per section (main, lr frontier,
+def test_long_horizon_grid_by_a_worker_then_one_report(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """configs/long_horizon.yaml reduced to its machinery: the shared warm-up, a worker that
+    trains the runs, and a report with a table and a plot per section (main, lr frontier,
     horizon), the sections sharing the main table's runs."""
     exp = load_experiment(
         LONG,
@@ -184,12 +188,11 @@ def test_long_horizon_grid_in_shards_then_one_report(tiny_model_dir: Path, tmp_p
     main = exp.cells[:2]  # tir_otb-N4 and grpo-N4, depth 1..8
     depth2 = [c for c in exp.sections["horizon"] if c.name == "tir_otb-N4-d2"]
     exp.cells, exp.sections = main, {"lr_frontier": [main[1]], "horizon": [*depth2, main[0]]}
-    warm = run_experiment(exp, None)
+    warm = run_experiment(exp, "warmup")
     assert (warm / "config.json").exists() and not (warm.parent / "runs").exists()
-    run_experiment(exp, (0, 2))
-    run_experiment(exp, (1, 2))
+    run_experiment(exp, "worker")  # a second worker beside it would claim other runs (test below)
     runs = sorted(p.name for p in (warm.parent / "runs").iterdir() if not p.name.startswith("start-"))
-    assert runs == ["grpo-N4-s0", "tir_otb-N4-d2-s0", "tir_otb-N4-s0"]  # each once, over both shards
+    assert runs == ["grpo-N4-s0", "tir_otb-N4-d2-s0", "tir_otb-N4-s0"]  # each once, shared by sections
     assert len([p for p in (warm.parent / "runs").iterdir() if p.name.startswith("start-")]) == 2
     report = run_experiment(exp)
     text = report.read_text()
@@ -216,3 +219,19 @@ def test_two_different_cells_may_not_share_a_name(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="grpo-N4"):
         load_experiment(path)
+
+
+def test_a_run_is_claimed_by_one_live_process_and_taken_over_from_a_dead_one(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    first = _claim(tmp_path, "grpo-N4-s0")
+    assert first is not None and first.read_text() == str(os.getpid())
+    assert _claim(tmp_path, "grpo-N4-s0") is None  # held by a live process (this one)
+    assert _claim(tmp_path, "grpo-N4-s1") is not None  # other runs stay free
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    first.write_text(str(gone.pid))  # as if a crashed worker held it
+    again = _claim(tmp_path, "grpo-N4-s0")
+    assert again is not None and again.read_text() == str(os.getpid())
+    assert sorted(p.name for p in (tmp_path / "claims").iterdir()) == ["grpo-N4-s0", "grpo-N4-s1"]
