@@ -390,7 +390,9 @@ def _warmup_line(path: Path) -> str:
     record = json.loads(path.read_text()) if path.exists() else {}
     if not record:
         return "none"
-    line = f"{record['steps']} supervised steps, final loss {record['final_loss']:.3f}"
+    line = f"{record['steps']} supervised steps"
+    if "final_loss" in record:
+        line += f", final loss {record['final_loss']:.3f}"
     if "final_turn_accuracy" in record:
         line += (
             f", final-turn accuracy on held-out correct demonstrations {record['final_turn_accuracy']:.3f}"
