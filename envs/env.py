@@ -74,6 +74,9 @@ class ToolEnv(gym.Env[list[Message], str]):
         max_tool_calls: tool calls per episode before truncation (the budget).
         max_calls_per_turn: further calls in one turn get an error message instead of running.
         max_output_chars: each tool result is cut to this many characters, with a marker.
+        answer_tool: the name of one of `tools` whose call gives the final answer (its first
+            argument, verified like a boxed answer; the episode ends there), the "submit" tool of
+            agent benchmarks. None: answers are boxed in prose only. A boxed answer always counts.
         observation_role: role of result messages; "user" for chat templates without `tool`.
         verifier: (predicted or None, gold) -> Verification; None = the process-wide MathVerifier
             (exact numbers, symbolic equivalence in a worker with a 5 s timeout). A custom
@@ -100,6 +103,7 @@ class ToolEnv(gym.Env[list[Message], str]):
         max_tool_calls: int = 8,
         max_calls_per_turn: int = 2,
         max_output_chars: int = 512,
+        answer_tool: str | None = None,
         observation_role: str = "tool",
         reward: RewardConfig | None = None,
         verifier: Verifier | None = None,
@@ -118,6 +122,9 @@ class ToolEnv(gym.Env[list[Message], str]):
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
         if len(self.tools) != len(tools):
             raise ValueError("tool names must be unique")
+        if answer_tool is not None and answer_tool not in self.tools:
+            raise ValueError(f"answer_tool {answer_tool!r} is not one of the tools {sorted(self.tools)}")
+        self.answer_tool = answer_tool
         self.format = get_format(tool_format)
         if self.tools and self.format.name == "code" and "python" not in self.tools:
             raise ValueError(
@@ -268,6 +275,8 @@ class ToolEnv(gym.Env[list[Message], str]):
             parsed = self.format.parse(action)
         else:
             parsed = ParsedTurn(answer=extract_final_answer(action))
+        if self.answer_tool is not None and parsed.answer is None:
+            parsed = self._answer_by_call(parsed)
         info["parse_errors"] = parsed.errors
         reward = self.turn_reward(parsed, info)
 
@@ -340,6 +349,16 @@ class ToolEnv(gym.Env[list[Message], str]):
         return cfg.wrong - (cfg.no_answer_penalty if answer is None else 0.0)
 
     # ----- internals ------------------------------------------------------------------------
+    def _answer_by_call(self, parsed: ParsedTurn) -> ParsedTurn:
+        """The turn's first call of `answer_tool` as its final answer (the other calls are then
+        skipped, as after a boxed answer)."""
+        for item in parsed.items:
+            if item.call is not None and item.call.name == self.answer_tool:
+                value = next(iter(item.call.arguments.values()), None)
+                rest = [other for other in parsed.items if other is not item]
+                return ParsedTurn(items=rest, answer=None if value is None else str(value))
+        return parsed
+
     def _result_message(self, item: ParsedItem, text: str, n: int) -> Message:
         """Call `n` of this turn's result as a message. Like an OpenAI-style tool message it names
         the tool (`name`: the called one; for a call that could not be parsed the env's only tool,

@@ -8,7 +8,8 @@ secret lives only in the `lookup` tool. So:
   keys cannot memorise it;
 - no step can be skipped or batched: the key for call k+1 is the result of call k, so a turn may
   hold at most one useful call, and an episode of depth d takes d tool turns plus an answer turn;
-- the reward is sparse and terminal: 1 for the right final key, 0 otherwise (ToolEnv's outcome);
+- the reward is sparse and terminal: 1 for the right final key, 0 otherwise (ToolEnv's outcome),
+  given by a `declare(key)` call (or a boxed key in prose);
 - depth is drawn per task from [min_depth, max_depth] (1 to 32), so episode lengths in one batch
   differ by up to 32x, the heterogeneity OTB is about. Within a GRPO group (one task) lengths still
   differ through the policy: a sample that answers early or loses the chain ends sooner.
@@ -23,7 +24,7 @@ from other keys; the secret (the environment itself) is shared, as a held-out pr
 family shares the rules of arithmetic.
 
 Warm-up: `ChainEnv.scripted_turns` is a correct episode (one lookup per hop, then the last key
-boxed) and `ChainEnv.flawed_turns` one that loses count: it answers the key of an earlier hop.
+declared) and `ChainEnv.flawed_turns` one that loses count: it declares the key of an earlier hop.
 Both play through `envs.demos` with real tool output.
 
 What is not covered: a Python-tool variant (a program could loop the whole chain in one call, so
@@ -106,7 +107,7 @@ class ChainTasks:
         lookups = "1 lookup" if depth == 1 else f"{depth} lookups in all, one per turn"
         problem = (
             f"Start at key {start}. Call lookup on it, then on the key it returns, and so on ({lookups}). "
-            "Answer the key the last lookup returns."
+            "Then call declare with the key the last lookup returned."
         )
         return Task(
             problem=problem,
@@ -152,13 +153,35 @@ class LookupTool(Tool):
         )
 
 
+class DeclareTool(Tool):
+    """`declare(key)`: the final answer (ChainEnv's `answer_tool`; ToolEnv ends the episode on it
+    and verifies the key, so `call` never runs there).
+
+    Why a call and not only a boxed answer (which ChainEnv also accepts): the answer is then
+    written exactly like the lookup calls, and "copy the key the last tool output printed" is one
+    skill for every turn. Measured on the tiny model: after a 1600-step warm-up it copied keys into
+    lookup calls without error (0.00 nats per digit) but into \\boxed{} at chance (2.3 nats per
+    digit, i.e. uniform): it had learned to copy from a fixed distance back, which the boxed
+    answer does not share. `declare` tokenises like `lookup` in the tiny model's byte-level
+    vocabulary (40 tokens up to the key, the same as a lookup call), so that distance holds.
+    """
+
+    name = "declare"
+    description = "Give the final answer: the key the last lookup returned. Ends the task."
+    parameters: dict[str, Any] = LookupTool.parameters
+
+    def call(self, arguments: dict[str, Any]) -> ToolOutput:
+        return ToolOutput(text="Error: declare is the final answer; the episode has ended.", ok=False)
+
+
 class ChainEnv(ToolEnv):
     """Chain tasks with the lookup tool, Hermes-format calls, budgets sized for the deepest task.
 
     Keyword arguments: min_depth, max_depth, seed, size (ChainTasks), noise_lines (LookupTool); the
     rest go to ToolEnv. Defaults: max_turns = max_depth + 1 (every lookup plus the answer turn),
     max_tool_calls = max_depth, max_calls_per_turn = 1 (a second call in a turn could not know its
-    key yet), max_output_chars = 2048 (longer tool output is cut with a visible marker).
+    key yet), max_output_chars = 2048 (longer tool output is cut with a visible marker),
+    tools = lookup and declare, answer_tool = "declare".
     """
 
     def __init__(
@@ -172,7 +195,8 @@ class ChainEnv(ToolEnv):
         **kwargs: Any,
     ) -> None:
         source = ChainTasks(min_depth=min_depth, max_depth=max_depth, seed=seed, size=size)
-        kwargs.setdefault("tools", [LookupTool(source.secret, noise_lines)])
+        kwargs.setdefault("tools", [LookupTool(source.secret, noise_lines), DeclareTool()])
+        kwargs.setdefault("answer_tool", "declare")
         kwargs.setdefault("tool_format", "hermes")
         kwargs.setdefault("max_turns", max_depth + 1)
         kwargs.setdefault("max_tool_calls", max_depth)
@@ -185,18 +209,21 @@ class ChainEnv(ToolEnv):
         return scripted_turns(task, self.format.name)
 
     def flawed_turns(self, task: Task) -> list[str]:
-        """`task` answered too early: stop after k < depth lookups and box the key the k-th
+        """`task` answered too early: stop after k < depth lookups and declare the key the k-th
         returned (the start key when k = 0). A real long-horizon failure, losing count of the
         hops, that leaves the copy skill intact; k is uniform over 0..depth-1, fixed per task."""
         depth = task.metadata["depth"]
         k = random.Random(f"flawed:{task.id}").randrange(depth)
         seen = [task.metadata["start"], *task.metadata["keys"]]
         calls = scripted_turns(task, self.format.name)[:k]
-        return [*calls, f"\\boxed{{{seen[k]}}}"]
+        return [*calls, self.format.render_call("declare", {"key": seen[k]})]
 
 
 def scripted_turns(task: Task, tool_format: str = "hermes") -> list[str]:
-    """The assistant turns of a correct episode: one lookup per hop, then the boxed answer."""
-    keys: Sequence[int] = [task.metadata["start"], *task.metadata["keys"][:-1]]
+    """The assistant turns of a correct episode: one lookup per hop, then the declared answer."""
+    keys: Sequence[int] = [task.metadata["start"], *task.metadata["keys"]]
     fmt = get_format(tool_format)
-    return [*(fmt.render_call("lookup", {"key": k}) for k in keys), f"\\boxed{{{task.answer}}}"]
+    return [
+        *(fmt.render_call("lookup", {"key": k}) for k in keys[:-1]),
+        fmt.render_call("declare", {"key": keys[-1]}),
+    ]

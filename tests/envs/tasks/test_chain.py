@@ -117,6 +117,26 @@ def test_warm_up_demonstrations_play_through_the_env() -> None:
         lookups = sum(m["role"] == "tool" for m in bad.messages)
         assert bad.total_reward == 0.0 and lookups < task.metadata["depth"]
         seen = [task.metadata["start"], *task.metadata["keys"]]
-        assert bad.messages[-1]["content"] == f"\\boxed{{{seen[lookups]}}}"
+        assert bad.messages[-1]["content"] == env.format.render_call("declare", {"key": seen[lookups]})
         stops.add(lookups)
     assert {0, 1, 2} <= stops  # early and late mistakes alike
+
+
+def test_declare_answers_and_ends_the_episode_and_a_boxed_key_counts_too() -> None:
+    env = ChainEnv(min_depth=2, max_depth=2)
+    task = env.tasks[0]
+    first = env.format.render_call("lookup", {"key": task.metadata["start"]})
+    for answer, reward in (
+        (env.format.render_call("declare", {"key": int(task.answer)}), 1.0),
+        (env.format.render_call("declare", {"key": task.metadata["start"]}), 0.0),
+        (f"The key is \\boxed{{{task.answer}}}.", 1.0),
+    ):
+        episode = play(
+            env,
+            [first, env.format.render_call("lookup", {"key": task.metadata["keys"][0]}), answer],
+            options={"task_index": 0},
+        )
+        assert episode.terminated and episode.total_reward == reward
+        assert sum(m["role"] == "tool" for m in episode.messages) == 2  # declare itself never runs
+    with pytest.raises(ValueError, match="answer_tool"):
+        ChainEnv(answer_tool="submit")
