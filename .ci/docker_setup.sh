@@ -3,7 +3,7 @@
 # the offline base image. Idempotent: every step checks before it acts, so a warm machine
 # returns in a second or two. Needs root (apt-get, dockerd).
 #
-# Why each step is the way it is (see /work/shared/ENVIRONMENT.md):
+# Why each step is the way it is:
 # - The engine is not preinstalled; Debian's docker.io package runs here (overlay2, cgroup v1).
 # - There is no container registry: the base image is built from Debian's archive with
 #   debootstrap (scripts/build_base_image.sh) and imported locally.
