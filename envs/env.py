@@ -122,14 +122,9 @@ class ToolEnv(gym.Env[list[Message], str]):
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
         if len(self.tools) != len(tools):
             raise ValueError("tool names must be unique")
-        if answer_tool is not None and answer_tool not in self.tools:
-            raise ValueError(f"answer_tool {answer_tool!r} is not one of the tools {sorted(self.tools)}")
-        self.answer_tool = answer_tool
         self.format = get_format(tool_format)
-        if self.tools and self.format.name == "code" and "python" not in self.tools:
-            raise ValueError(
-                'tool_format="code" runs ```python blocks: include a PythonTool, or use "hermes"'
-            )
+        self.answer_tool = answer_tool
+        self._check_tools()
         if tool_listing not in TOOL_LISTINGS:
             raise ValueError(f"tool_listing must be one of {TOOL_LISTINGS}, got {tool_listing!r}")
         self.tool_listing = tool_listing
@@ -172,6 +167,14 @@ class ToolEnv(gym.Env[list[Message], str]):
 
     # ----- Gymnasium spec ----------------------------------------------------------------------
     _spec: EnvSpec | None = None
+
+    def _check_tools(self) -> None:
+        if self.answer_tool is not None and self.answer_tool not in self.tools:
+            raise ValueError(f"answer_tool {self.answer_tool!r} is not one of the tools {sorted(self.tools)}")
+        if self.tools and self.format.name == "code" and "python" not in self.tools:
+            raise ValueError(
+                'tool_format="code" runs ```python blocks: include a PythonTool, or use "hermes"'
+            )
 
     @property
     def spec(self) -> EnvSpec | None:  # type: ignore[override]
