@@ -415,7 +415,7 @@ def plot_section(exp: ExperimentConfig, section: Section, out: Path) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4), dpi=110)
     for k, cell in enumerate(section.cells):
         color = f"C{k % 10}"
-        runs = [update_rows(r) for r in section.rows[cell.name] if update_rows(r)]
+        runs = [update_rows(r) for r in section.rows[cell.name].values() if update_rows(r)]
         for j, steps in enumerate(runs):
             x = [r["tokens/cumulative"] for r in steps]
             success = [r["env/success_rate"] for r in steps]
