@@ -448,15 +448,14 @@ def plot_section(exp: ExperimentConfig, section: Section, out: Path) -> Path:
     return path
 
 
-def _run_cell(exp: ExperimentConfig, cell: Cell, seed: int, warm: Path, out: Path) -> Config:
+def _train_run(cfg: Config, eval_tasks: int) -> None:
+    """Train one run from scratch, then its held-out evaluations (cached for the report)."""
     from agent_rl.train import Trainer
 
-    cfg = _cell_config(exp, cell, seed, warm, out)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)  # never append to an unfinished run's logs
     Trainer(cfg).fit()
-    heldout_success(cfg, exp.eval_tasks)
-    _start_success(cfg, exp.eval_tasks)
-    return cfg
+    heldout_success(cfg, eval_tasks)
+    _start_success(cfg, eval_tasks)
 
 
 def _runs(exp: ExperimentConfig) -> list[tuple[Cell, int]]:
@@ -518,7 +517,7 @@ def run_experiment(exp: ExperimentConfig, mode: str = "all") -> Path:
                 print(f"{cfg.run.name}: being trained by another process; not in this report", flush=True)
                 continue
             try:
-                _run_cell(exp, cell, seed, warm, out)
+                _train_run(cfg, exp.eval_tasks)
             finally:
                 claim.unlink(missing_ok=True)
         if _finished(cfg):
