@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +44,14 @@ def _my_children() -> list[tuple[str, str]]:
         if fields[1] == me:
             found.append((pid, fields[0]))
     return found
+
+
+def cmdline(pid: int) -> str:
+    """A process's command line, for naming a leftover in an assertion message."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "(gone)"
 
 
 def zombies() -> list[str]:

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from sandbox import ExecResult, LocalSandbox
-from tests.sandbox.conftest import children, need_bwrap, settled_zombies
+from sandbox.bwrap.launcher import WorkerProcess
+from sandbox.limits import Limits
+from tests.sandbox.conftest import children, cmdline, need_bwrap, settled_zombies
 
 pytestmark = pytest.mark.slow
 
@@ -25,25 +27,40 @@ SECRET = "hostile-suite-secret-value"
 @pytest.fixture(scope="module")
 def box() -> LocalSandbox:
     need_bwrap()
-    # Other tests in the same run may leave long-lived helpers (a Ray cluster, the shared verifier,
-    # another LocalSandbox): only what appears during this suite counts as leftover.
-    before_children = set(children())
+    # Other tests in the same run leave long-lived helpers (a Ray cluster, the shared verifier, the
+    # environments' shared LocalSandbox, whose pool refills and retires workers on its own threads):
+    # so the leak check follows the processes this box started, by pid, not every new child.
     before_dirs = set(Path("/tmp").glob("agent-rl-sandbox-w*"))
     cg = Path("/sys/fs/cgroup/memory/agent-rl-sandbox")
     before_cgroups = set(cg.glob(f"w{os.getpid()}-*"))
     os.environ["AGENT_RL_TEST_SECRET"] = SECRET  # must never reach executed code
     b = LocalSandbox(pool_size=2, isolation="bwrap")
+    started: list[WorkerProcess] = []
+    spawn = b.launcher.spawn
+
+    def recording_spawn(limits: Limits) -> WorkerProcess:
+        worker = spawn(limits)
+        started.append(worker)
+        return worker
+
+    b.launcher.spawn = recording_spawn  # type: ignore[method-assign]
+    b.pool.wait_ready()  # the fillers may have started the first workers before the patch
+    with b.pool._cond:
+        started.extend(w for _, w in b.pool._ready if w not in started)
     yield b
     b.close()
     os.environ.pop("AGENT_RL_TEST_SECRET", None)
+    ours = {w.proc.pid for w in started}
+    assert len(started) > 2, "the suite should have used up and replaced workers"
     # A killed worker's bwrap monitor exits only once the kernel has torn its namespaces down,
-    # which took over 0.2 s on a loaded CI machine (a leftover pid failed the suite once): wait
-    # for it, boundedly, before calling anything left over a leak.
+    # which took over 0.2 s on a loaded CI machine: wait for it, boundedly, before calling
+    # anything left over a leak.
     deadline = time.monotonic() + 10
-    while set(children()) - before_children and time.monotonic() < deadline:
+    while ours & set(children()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert settled_zombies() == []
-    assert set(children()) - before_children == set()
+    left = ours & set(children())
+    assert left == set(), {pid: cmdline(pid) for pid in left}
     assert set(Path("/tmp").glob("agent-rl-sandbox-w*")) - before_dirs == set()
     assert set(cg.glob(f"w{os.getpid()}-*")) - before_cgroups == set()
 
