@@ -9,6 +9,7 @@ tool deltas with mask 0, assistant turns (content + end-of-turn) with mask 1.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -224,6 +225,16 @@ def is_flawed(k: int, fraction: float) -> bool:
     return int((k + 1) * fraction) > int(k * fraction)
 
 
+def clean_indices(examples: Sequence[Example], config: WarmupConfig) -> list[int]:
+    """The demonstrations the clean updates draw from: the correct ones, or the shortest
+    `clean_shortest` share of them (WarmupConfig.clean_shortest)."""
+    clean = [k for k in range(len(examples)) if not is_flawed(k, config.hallucinate_fraction)]
+    if config.clean_shortest < 1:
+        clean.sort(key=lambda k: len(examples[k].ids))  # stable: ties keep the demo order
+        clean = sorted(clean[: max(1, math.ceil(config.clean_shortest * len(clean)))])
+    return clean
+
+
 def warm_up(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -242,7 +253,7 @@ def warm_up(
     examples = play_demonstrations(
         tokenizer, make_env, task_indices, config.hallucinate_fraction, on_demo=on_demo
     )
-    clean = [k for k in range(len(examples)) if not is_flawed(k, config.hallucinate_fraction)]
+    clean = clean_indices(examples, config)
     return run_warmup(
         model,
         examples,

@@ -121,6 +121,23 @@ def test_clean_steps_draw_only_the_first_pool(tiny_model_dir) -> None:
         run_warmup(model, pool, steps=2, batch_size=1, lr=1e-4, pad_id=0, seed=0, first_steps=1)
 
 
+def test_clean_shortest_keeps_the_shortest_correct_demonstrations() -> None:
+    """The length curriculum: only correct demos, and of those the shortest share (ties in order)."""
+    from agent_rl.config import WarmupConfig
+    from agent_rl.warmup import clean_indices
+
+    lengths = [9, 1, 5, 3, 7, 2, 4, 8, 6, 3]  # demos 1, 3, 5, 7, 9 are the flawed ones at 0.5
+    demos = [Example(ids=[0] * n, mask=[1] * n) for n in lengths]
+    every = WarmupConfig(hallucinate_fraction=0.5)
+    assert clean_indices(demos, every) == [0, 2, 4, 6, 8]
+    shortest = WarmupConfig(hallucinate_fraction=0.5, clean_shortest=0.4)
+    assert clean_indices(demos, shortest) == [2, 6]  # lengths 5 and 4 of 9, 5, 7, 4, 6
+    one = WarmupConfig(hallucinate_fraction=0.5, clean_shortest=0.01)
+    assert clean_indices(demos, one) == [6]
+    with pytest.raises(ValueError):
+        WarmupConfig(clean_shortest=0)
+
+
 def test_final_turn_accuracy_is_exact_greedy_reproduction(tiny_model_dir) -> None:
     """An example whose last turn is what the model generates greedily counts; one token off does not."""
     model, tok = load_model_and_tokenizer(tiny_model_dir)
