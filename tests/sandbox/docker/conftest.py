@@ -33,6 +33,16 @@ def base_image() -> str:
     return OFFLINE_BASE if found.returncode == 0 else "python:3.12-slim"
 
 
+TRAINER_BASE = "agent-rl/base-torch:bookworm"
+
+
+def trainer_base_env() -> dict[str, str]:
+    """TRAINER_BASE_IMAGE for compose when this machine has the offline torch base (it has the CPU
+    torch wheel inside; the official image would download torch), else nothing (compose's default)."""
+    found = subprocess.run(["docker", "image", "inspect", TRAINER_BASE], capture_output=True, check=False)
+    return {"TRAINER_BASE_IMAGE": TRAINER_BASE} if found.returncode == 0 else {}
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     """A docker SDK client for a reachable engine."""

@@ -15,11 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.sandbox.docker.conftest import REPO, base_image
+from tests.sandbox.docker.conftest import REPO, base_image, trainer_base_env
 
 pytestmark = pytest.mark.docker
-
-TRAINER_BASE = "agent-rl/base-torch:bookworm"
 
 
 def _free_port() -> int:
@@ -44,9 +42,7 @@ class Stack:
             "SANDBOX_MEM_LIMIT": "2g",
             "SANDBOX_PIDS_LIMIT": "512",
         }
-        found = subprocess.run(["docker", "image", "inspect", TRAINER_BASE], capture_output=True, check=False)
-        if found.returncode == 0:
-            env["TRAINER_BASE_IMAGE"] = TRAINER_BASE
+        env.update(trainer_base_env())
         self.env_file = workdir / "stack.env"
         self.env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
 

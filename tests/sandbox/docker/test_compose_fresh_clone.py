@@ -7,8 +7,9 @@ environment variables (the offline base image, a free port, a small pool); none 
 
 Cost on the 2-core reference machine: a cold build of the sandbox image (pip: fastapi and the
 scientific stack; apt: g++) takes several minutes; with the layer cache warm, `up` takes well
-under a minute. The trainer service is not started here (its image build and the quickstart
-run take longer than this test should); it reads the same token file, mounted read-only.
+under a minute. The trainer (a short quickstart: 2 RL steps) runs last, from the same clone, and
+finds the generated token in the shared volume; its image is the stack test's (test_compose.py
+builds it first), so here the build is a cache hit.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.sandbox.docker.conftest import REPO, base_image
+from tests.sandbox.docker.conftest import REPO, base_image, trainer_base_env
 
 pytestmark = pytest.mark.docker
 
@@ -55,6 +56,7 @@ def fresh_stack(docker_client, tmp_path_factory):
         BASE_IMAGE=base_image(),
         SANDBOX_POOL_SIZE="2",
         SANDBOX_MEM_LIMIT="2g",
+        **trainer_base_env(),
     )
     t0 = time.monotonic()
     up = _run(["docker", "compose", "up", "-d", "--wait", "--build", "sandbox", "gateway"], clone, env, 1800)
@@ -114,3 +116,28 @@ def test_the_token_survives_a_restart_and_is_not_printed_again(fresh_stack) -> N
     with httpx.Client(base_url=url, timeout=60) as http:
         r = http.post(f"/{token}/run_code", json={"code": "print('still')", "fetch_files": []})
         assert r.status_code == 200 and r.json()["run_result"]["stdout"] == "still\n"
+
+
+@pytest.mark.slow
+def test_the_trainer_finds_the_generated_token_and_trains(fresh_stack) -> None:
+    """`docker compose up` starts the trainer too: with no token given anywhere, it must read the
+    generated one from the `secrets` volume and run against the sandbox (a wrong or missing token
+    fails its first session with 401)."""
+    clone, env, _ = fresh_stack
+    short = (
+        "--set train.steps=2 --set env.eval_tasks=4 --set train.warmup.steps=5 --set train.warmup.demos=16"
+    )
+    built = _run(["docker", "compose", "build", "trainer"], clone, env, 3000)
+    assert built.returncode == 0, built.stderr[-3000:]
+    done = _run(
+        ["docker", "compose", "run", "--rm", "-e", f"AGENT_RL_TRAIN_ARGS={short}", "trainer"],
+        clone,
+        env,
+        3000,
+    )
+    assert done.returncode == 0, f"trainer failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    listing = _run(
+        ["docker", "compose", "run", "--rm", "--no-deps", "--entrypoint", "find", "trainer", "/runs", "-name", "summary.json"],
+        clone, env, 300,
+    )  # fmt: skip
+    assert "/runs/quickstart/summary.json" in listing.stdout, listing.stdout + listing.stderr
