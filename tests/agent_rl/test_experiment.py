@@ -17,6 +17,7 @@ from agent_rl.experiment import (
     Section,
     _cell_config,
     _claim,
+    _runs,
     collapsed,
     load_experiment,
     run_experiment,
@@ -103,6 +104,19 @@ def test_cell_overrides_and_label_reach_the_run_config(tmp_path: Path) -> None:
     cfg = _cell_config(exp, cell, 2, tmp_path / "warm", tmp_path)
     assert cfg.train.lr == 1.0e-3 and cfg.env.kwargs == {"max_depth": 16}
     assert cfg.run.name == "grpo-N4-deep-s2" and cfg.train.max_rollout_tokens == 0 and cfg.train.steps == 3
+
+
+def test_runs_go_cheapest_group_size_first_each_once_seeds_outermost() -> None:
+    big, small, other = (
+        Cell(estimator="grpo", group_size=32),
+        Cell(estimator="grpo", group_size=4),
+        Cell(estimator="rloo", group_size=4),
+    )
+    exp = ExperimentConfig(cells=[big, small], sections={"more": [small, other]}, seeds=[0, 1])
+    order = [f"{cell.name}-s{seed}" for cell, seed in _runs(exp)]
+    assert order == [
+        "grpo-N4-s0", "grpo-N4-s1", "rloo-N4-s0", "rloo-N4-s1", "grpo-N32-s0", "grpo-N32-s1",
+    ]  # fmt: skip
 
 
 @pytest.mark.slow
