@@ -217,15 +217,19 @@ class LearnerRank:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load a state in the in-process format, whatever layout wrote it. Under FSDP every rank
+        gets the same full state and cuts its own shards out of it (no collective); the model,
+        AdamW (moments and per-parameter step counters), scheduler and generator are all restored,
+        which makes a resumed run bit-identical to an uninterrupted one (test_fsdp.py)."""
         if not self.fsdp:
             self.learner.load_state_dict(state)
             return
-        raise ValueError(
-            "resuming FSDP learner ranks is not supported yet: after loading a checkpoint the weights, "
-            "AdamW moments, scheduler and generator all match, yet two more steps end 2.4e-2 (relative "
-            "L2) from the uninterrupted ranks, so something else is not restored. The checkpoint is in "
-            "the in-process format: resume it with scale.learner_sharding=none."
-        )
+        from agent_rl.sharding import load_full_model_state, load_full_optimizer_state
+
+        load_full_model_state(self._model, state["model"])
+        load_full_optimizer_state(self.learner.optimizer, state["optimizer"])
+        self.learner.scheduler.load_state_dict(state["scheduler"])
+        self.learner.generator.set_state(state["generator"])
 
     def memory(self) -> dict[str, int]:
         """Bytes this rank holds for parameters, gradients and AdamW state, and its peak RSS."""
