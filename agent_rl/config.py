@@ -217,8 +217,9 @@ class WarmupConfig(Section):
     """Distinct demonstrations played through the env (too few and a small model memorises them)."""
     check_demos: int = Field(0, ge=0)
     """After the warm-up, this many held-out correct demonstrations (the demo split after the
-    training ones) check that the model reproduces their final turn greedily, token for token
-    (`eval/final_turn_accuracy` in metrics.jsonl and summary.json). 0 = no check."""
+    training ones) check that the model reproduces their turns greedily, token for token, each
+    given the demonstration's history: `eval/final_turn_accuracy` (the answer turn) and
+    `eval/turn_accuracy` (every assistant turn) in metrics.jsonl and summary.json. 0 = no check."""
     clean_steps: int = Field(0, ge=0)
     """The first k updates draw only the correct demonstrations; the flawed ones are mixed in after.
     Why: a skill the correct ones teach (copying the tool's output into the answer) is learned in a

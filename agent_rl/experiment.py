@@ -74,10 +74,12 @@ class ExperimentConfig(BaseModel):
     """A run collapsed if its moving training success ends at or below (1 - collapse_drop) x its
     peak (a peak of at least 0.2), or if a gradient norm above collapse_surge x the run's median is
     not recovered from (the median norm over the last 10% of steps stays above 3x the run's)."""
-    min_final_turn_accuracy: float = Field(0.0, ge=0, le=1)
-    """The shared warm-up must reach this greedy final-turn accuracy on its held-out check
-    (`train.warmup.check_demos`), or the experiment stops with an error before any run: a start
-    that cannot copy a tool's output never earns a reward, and a grid from it is hours of nothing."""
+    min_turn_accuracy: float = Field(0.0, ge=0, le=1)
+    """The shared warm-up must reproduce this share of held-out assistant turns greedily
+    (`turn_accuracy` of its check, `train.warmup.check_demos`), or the experiment stops with an
+    error before any run: a start that cannot copy a tool's output never earns a reward, and a grid
+    from it is hours of nothing. Per turn, not the final turn alone: on a long chain the final turn
+    also needs the right moment to answer, which is what RL is there to teach."""
     out_dir: str = "reports"
     warmup_threads: int | None = Field(None, ge=1)
     """CPU threads for the shared warm-up (None: the base config's model.cpu_threads). It runs
@@ -180,15 +182,15 @@ def warm_up_once(exp: ExperimentConfig, out: Path) -> Path:
             record = {"steps": w.steps, "final_loss": statistics.fmean(losses[-20:])}
             if w.check_demos:
                 held_out = tasks.indices("demo", w.check_demos, first=w.demos)
-                record["final_turn_accuracy"] = held_out_accuracy(model, tokenizer, make_env, held_out)
+                record.update(held_out_accuracy(model, tokenizer, make_env, held_out))
         finally:
             sandbox.close()
-    accuracy = record.get("final_turn_accuracy", 1.0)
-    if accuracy < exp.min_final_turn_accuracy:
+    accuracy = record.get("turn_accuracy", 1.0)
+    if accuracy < exp.min_turn_accuracy:
         (out / "warmup_failed.json").write_text(json.dumps(record))
         raise RuntimeError(
-            f"the shared warm-up reproduces {accuracy:.0%} of held-out final turns, below "
-            f"min_final_turn_accuracy={exp.min_final_turn_accuracy:.0%} ({out / 'warmup_failed.json'}); "
+            f"the shared warm-up reproduces {accuracy:.0%} of held-out assistant turns, below "
+            f"min_turn_accuracy={exp.min_turn_accuracy:.0%} ({out / 'warmup_failed.json'}); "
             "no run started. Give it more steps (train.warmup.steps, clean_steps, clean_shortest)."
         )
     model.save_pretrained(target)
@@ -409,6 +411,8 @@ def _warmup_line(path: Path) -> str:
         line += (
             f", final-turn accuracy on held-out correct demonstrations {record['final_turn_accuracy']:.3f}"
         )
+    if "turn_accuracy" in record:
+        line += f", per-turn accuracy {record['turn_accuracy']:.3f}"
     return line
 
 

@@ -194,8 +194,9 @@ class Trainer:
         return losses
 
     def warmup_check(self) -> dict[str, float]:
-        """Greedy final-turn accuracy on held-out correct demonstrations (WarmupConfig.check_demos):
-        whether the warmed-up model has the skill RL will build on, logged before RL starts."""
+        """Greedy final-turn and per-turn accuracy on held-out correct demonstrations
+        (WarmupConfig.check_demos): whether the warmed-up model has the skill RL will build on,
+        logged before RL starts."""
         from agent_rl.warmup import held_out_accuracy
 
         w = self.cfg.train.warmup
@@ -204,7 +205,7 @@ class Trainer:
         held_out = self.tasks.indices("demo", w.check_demos, first=w.demos)
         with self.progress.phase("warm-up check", len(held_out)) as played:
             accuracy = held_out_accuracy(self.model, self.tokenizer, self.make_env, held_out, on_demo=played)
-        row = {"eval/final_turn_accuracy": accuracy}
+        row = {f"eval/{name}": value for name, value in accuracy.items()}
         self.logger.log(0, row)
         return row
 

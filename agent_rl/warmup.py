@@ -144,35 +144,68 @@ def run_warmup(
     return losses
 
 
-@torch.no_grad()
-def final_turn_accuracy(model: torch.nn.Module, examples: Sequence[Example], pad_id: int) -> float:
-    """Share of examples whose last assistant turn the model reproduces greedily, token for token,
-    given everything before it.
+def turn_spans(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """(start, end) of each assistant turn: the runs of mask 1."""
+    spans, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
 
-    Why: the warm-up's loss averages over every assistant token, so a model that calls the tool well
-    but never learned to read its output (the answer turn of a tool episode) can look converged.
-    On held-out correct demonstrations this is the skill RL builds on, checked directly.
+
+def _reproduces(model: torch.nn.Module, e: Example, start: int, end: int, pad_id: int) -> bool:
+    """Whether greedy decoding from e.ids[:start] gives exactly e.ids[start:end]."""
+    prompt = torch.tensor([e.ids[:start]], device=next(model.parameters()).device)
+    out = model.generate(
+        input_ids=prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=end - start,
+        do_sample=False,
+        pad_token_id=pad_id,
+    )
+    return out[0, start:].tolist() == e.ids[start:end]
+
+
+@torch.no_grad()
+def turn_accuracies(model: torch.nn.Module, examples: Sequence[Example], pad_id: int) -> dict[str, float]:
+    """Greedy reproduction of held-out demonstrations' assistant turns, each given the
+    demonstration's own history: `final_turn_accuracy`, the share of last turns reproduced token
+    for token, and `turn_accuracy`, the share of all assistant turns.
+
+    Why both: the warm-up's loss averages over every assistant token, so a model that calls the tool
+    well but never learned to read its output can look converged. The final turn checks the answer
+    (reading the last output, and on multi-turn tasks also knowing that it is time to answer); every
+    turn checks reading the tool's output wherever it is used (on a chain of lookups: each call
+    copies the previous output), which is the skill RL builds on. A warmed-up chain policy that
+    copies every key but loses count scores high on the second and low on the first.
     """
     if not examples:
-        raise ValueError("final_turn_accuracy needs at least one example")
-    device = next(model.parameters()).device
+        raise ValueError("turn_accuracies needs at least one example")
     was_training = model.training
     model.eval()
-    hits = 0
+    final = turns = hits = 0
     for e in examples:
-        end = max(i for i, m in enumerate(e.mask) if m) + 1
-        start = end
-        while start > 0 and e.mask[start - 1]:
-            start -= 1
-        prompt = torch.tensor([e.ids[:start]], device=device)
-        out = model.generate(
-            input_ids=prompt,
-            attention_mask=torch.ones_like(prompt),
-            max_new_tokens=end - start,
-            do_sample=False,
-            pad_token_id=pad_id,
-        )
-        hits += out[0, start:].tolist() == e.ids[start:end]
+        spans = turn_spans(e.mask)
+        results = [_reproduces(model, e, a, b, pad_id) for a, b in spans]
+        final += results[-1]
+        turns += len(results)
+        hits += sum(results)
+    model.train(was_training)
+    return {"final_turn_accuracy": final / len(examples), "turn_accuracy": hits / turns}
+
+
+def final_turn_accuracy(model: torch.nn.Module, examples: Sequence[Example], pad_id: int) -> float:
+    """Share of examples whose last assistant turn the model reproduces greedily, token for token,
+    given everything before it (see turn_accuracies)."""
+    if not examples:
+        raise ValueError("final_turn_accuracy needs at least one example")
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        hits = sum(_reproduces(model, e, *turn_spans(e.mask)[-1], pad_id) for e in examples)
     model.train(was_training)
     return hits / len(examples)
 
@@ -183,11 +216,11 @@ def held_out_accuracy(
     make_env: Callable[[], Any],
     task_indices: Iterable[int],
     on_demo: Callable[[], None] | None = None,
-) -> float:
-    """final_turn_accuracy on correct demonstrations of `task_indices` (WarmupConfig.check_demos):
+) -> dict[str, float]:
+    """turn_accuracies on correct demonstrations of `task_indices` (WarmupConfig.check_demos):
     whether the warmed-up model has the skill RL will build on."""
     examples = play_demonstrations(tokenizer, make_env, task_indices, 0.0, on_demo=on_demo)
-    return final_turn_accuracy(model, examples, tokenizer.pad_token_id)
+    return turn_accuracies(model, examples, tokenizer.pad_token_id)
 
 
 def play_demonstrations(

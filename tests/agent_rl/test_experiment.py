@@ -220,14 +220,14 @@ def test_long_horizon_grid_by_a_worker_then_one_report(tiny_model_dir: Path, tmp
 def test_a_warm_up_below_the_accuracy_floor_stops_the_experiment(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """An untrained start copies no key (final-turn accuracy 0): no warm model is saved and no
+    """An untrained start copies no key (per-turn accuracy 0): no warm model is saved and no
     run starts; the check's record says why."""
     exp = load_experiment(
         LONG,
         [
             f"out_dir={tmp_path}",
             "warmup_threads=1",
-            "min_final_turn_accuracy=0.5",
+            "min_turn_accuracy=0.5",
             f"base.model.path={tiny_model_dir}",
             "base.train.warmup.steps=1",
             "base.train.warmup.demos=2",
@@ -235,10 +235,10 @@ def test_a_warm_up_below_the_accuracy_floor_stops_the_experiment(
             "base.env.kwargs.max_depth=2",
         ],
     )
-    with pytest.raises(RuntimeError, match="min_final_turn_accuracy"):
+    with pytest.raises(RuntimeError, match="min_turn_accuracy"):
         run_experiment(exp, "worker")
     out = tmp_path / exp.name
-    assert json.loads((out / "warmup_failed.json").read_text())["final_turn_accuracy"] == 0.0
+    assert json.loads((out / "warmup_failed.json").read_text())["turn_accuracy"] == 0.0
     assert not (out / "warm_model").exists() and not (out / "runs").exists()
 
 

@@ -7,7 +7,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from agent_rl.build import load_model_and_tokenizer  # noqa: E402
-from agent_rl.warmup import Example, final_turn_accuracy, run_warmup, tokenize_conversation  # noqa: E402
+from agent_rl.warmup import (  # noqa: E402
+    Example,
+    final_turn_accuracy,
+    run_warmup,
+    tokenize_conversation,
+    turn_accuracies,
+    turn_spans,
+)
 
 CONV = [
     {"role": "system", "content": "Use python."},
@@ -158,3 +165,46 @@ def test_final_turn_accuracy_is_exact_greedy_reproduction(tiny_model_dir) -> Non
     wrong = Example(prompt + turn[:-1] + [(turn[-1] + 1) % len(tok)], earlier_turn + [1] * 5)
     assert final_turn_accuracy(model, [same], tok.pad_token_id) == 1.0
     assert final_turn_accuracy(model, [same, wrong], tok.pad_token_id) == 0.5
+
+
+def test_turn_accuracies_count_every_assistant_turn_and_the_final_one(tiny_model_dir) -> None:
+    """Two assistant turns, each the model's own greedy continuation of the history: both count.
+    Spoil the first turn's last token and the final turn still counts (it is checked given the
+    demonstration's history), per-turn accuracy drops to 1/2; spoil the final one instead and the
+    final-turn accuracy is 0 while per-turn is 1/2."""
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+
+    def greedy(ids: list[int], n: int) -> list[int]:
+        out = model.generate(
+            input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id,
+        )  # fmt: skip
+        return out[0, len(ids) :].tolist()
+
+    context = tok.encode("user: go\n", add_special_tokens=False)
+    first = greedy(context, 4)
+    tool = tok.encode("tool: 42\n", add_special_tokens=False)
+    assert len(first) == 4  # no end-of-sequence before the budget
+    spoilt_first = [*first[:-1], (first[-1] + 1) % len(tok)]
+    mask = [0] * len(context) + [1] * 4 + [0] * len(tool) + [1] * 4
+    assert turn_spans(mask) == [(len(context), len(context) + 4), (len(mask) - 4, len(mask))]
+
+    def example(turn1: list[int], spoil_final: bool) -> Example:
+        history = context + turn1 + tool
+        final = greedy(history, 4)
+        if spoil_final:
+            final = [*final[:-1], (final[-1] + 1) % len(tok)]
+        return Example(history + final, mask)
+
+    assert turn_accuracies(model, [example(first, False)], tok.pad_token_id) == {
+        "final_turn_accuracy": 1.0,
+        "turn_accuracy": 1.0,
+    }
+    assert turn_accuracies(model, [example(spoilt_first, False)], tok.pad_token_id) == {
+        "final_turn_accuracy": 1.0,
+        "turn_accuracy": 0.5,
+    }
+    assert turn_accuracies(model, [example(first, True)], tok.pad_token_id) == {
+        "final_turn_accuracy": 0.0,
+        "turn_accuracy": 0.5,
+    }
