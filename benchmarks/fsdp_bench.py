@@ -59,8 +59,8 @@ def _rank(rank: int, world: int, port: int, job: dict[str, Any], out: Any) -> No
     if job["device"] == "cuda":
         report["cuda_peak"] = torch.cuda.max_memory_allocated()
     weights = learner.weights()  # gathered on every rank; rank 0 keeps them
-    if rank == 0:
-        report["weights"] = weights
+    if rank == 0:  # numpy copies: a queued tensor travels as a shared fd, gone once this rank exits
+        report["weights"] = {k: v.detach().numpy().copy() for k, v in weights.items()}
     out.put((rank, report))
     import torch.distributed as dist
 
@@ -139,8 +139,9 @@ def main() -> None:
 def relative_l2(got: dict[str, Any], want: dict[str, Any]) -> float:
     import torch
 
-    diff = torch.cat([(got[k].double() - want[k].double()).flatten() for k in want])
-    return (diff.norm() / torch.cat([want[k].double().flatten() for k in want]).norm()).item()
+    got, want = ({k: torch.from_numpy(v).double() for k, v in d.items()} for d in (got, want))
+    diff = torch.cat([(got[k] - want[k]).flatten() for k in want])
+    return (diff.norm() / torch.cat([want[k].flatten() for k in want]).norm()).item()
 
 
 if __name__ == "__main__":
