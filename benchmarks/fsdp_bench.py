@@ -45,8 +45,12 @@ def _rank(rank: int, world: int, port: int, job: dict[str, Any], out: Any) -> No
     del model
     algo = AlgoConfig(micro_batch_size=2, minibatches=1, ppo_epochs=1, kl_coef=0.0)
     spec = LearnerSpec(
-        model_path=model_dir, algo=algo, train=TrainConfig(lr=1e-4), sharding=sharding,
-        device=job["device"], param_dtype=job["param_dtype"],
+        model_path=model_dir,
+        algo=algo,
+        train=TrainConfig(lr=1e-4),
+        sharding=sharding,
+        device=job["device"],
+        param_dtype=job["param_dtype"],
     )
     learner = LearnerRank(spec, rank, world, weights)
     del weights
@@ -77,7 +81,10 @@ def _batch(b: int) -> Any:
     rewards = torch.zeros(b, 16)
     rewards[:, -1] = torch.randint(0, 2, (b,), generator=g).float()
     return batch_from_tensors(
-        ids, torch.ones(b, 16), sampler_log_probs=torch.zeros(b, 16), token_rewards=rewards,
+        ids,
+        torch.ones(b, 16),
+        sampler_log_probs=torch.zeros(b, 16),
+        token_rewards=rewards,
         group_index=torch.arange(b) // 2,
     )
 
@@ -100,10 +107,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--skip-big", action="store_true")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: NCCL ranks, one GPU each (world 1 on a one-GPU machine)")
-    parser.add_argument("--param-dtype", choices=("model", "bfloat16"), default="model",
-                        help="fsdp compute dtype (bfloat16 = MixedPrecisionPolicy, float32 reduce)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: NCCL ranks, one GPU each (world 1 on a one-GPU machine)",
+    )
+    parser.add_argument(
+        "--param-dtype",
+        choices=("model", "bfloat16"),
+        default="model",
+        help="fsdp compute dtype (bfloat16 = MixedPrecisionPolicy, float32 reduce)",
+    )
     args = parser.parse_args()
     from agent_rl.tiny_model import TinyModelSpec, ensure_tiny_model
 
@@ -114,20 +129,31 @@ def main() -> None:
     mib = 1024 * 1024
     backend = "nccl" if args.device == "cuda" else "gloo"
     dtype = None if args.param_dtype == "model" else args.param_dtype
-    print(f"world={args.world} {backend} ranks on {args.device}; fsdp param dtype {args.param_dtype}; "
-          "per-rank bytes (rank 0) after one update step; MiB")
+    print(
+        f"world={args.world} {backend} ranks on {args.device}; fsdp param dtype {args.param_dtype}; "
+        "per-rank bytes (rank 0) after one update step; MiB"
+    )
     print("| model | quantity | none (replica) | fsdp (shards) | fsdp / none |")
     print("|---|---|---:|---:|---:|")
     gaps = {}
     for name, path in models.items():
         got = {
-            mode: measure({"model_dir": str(path), "sharding": mode, "device": args.device,
-                           "param_dtype": dtype if mode == "fsdp" else None}, args.world)
+            mode: measure(
+                {
+                    "model_dir": str(path),
+                    "sharding": mode,
+                    "device": args.device,
+                    "param_dtype": dtype if mode == "fsdp" else None,
+                },
+                args.world,
+            )
             for mode in ("none", "fsdp")
         }
         for mode in got.values():
             mode["state"] = mode["params"] + mode["grads"] + mode["optimizer"]
-        keys = ["params", "grads", "optimizer", "state", "peak_rss"] + (["cuda_peak"] if args.device == "cuda" else [])
+        keys = ["params", "grads", "optimizer", "state", "peak_rss"] + (
+            ["cuda_peak"] if args.device == "cuda" else []
+        )
         for key in keys:
             a, b = got["none"][key], got["fsdp"][key]
             print(f"| {name} | {key} | {a / mib:.2f} | {b / mib:.2f} | {b / a:.3f} |")
