@@ -275,9 +275,13 @@ class ScaleConfig(Section):
     """Sandbox services shared by all rollout workers (load-balanced); empty = each worker's own backend."""
     worker_timeout_s: float = Field(600.0, gt=0)
     """Deadline for one rollout shard, counted from its submission (one more deadline per shard
-    queued ahead of it on the same worker, and one more on a replacement still loading its model).
-    A worker that has not answered by then is killed and replaced, and its shard re-run or flagged
-    exactly as if the worker had died. Keep it well above the time of a normal shard."""
+    queued ahead of it on the same worker, plus worker_start_timeout_s on a replacement that has
+    not answered yet). A worker that has not answered by then is killed and replaced, and its shard
+    re-run or flagged exactly as if the worker had died. Keep it well above the time of a normal shard."""
+    worker_start_timeout_s: float = Field(300.0, ge=0)
+    """Extra time a replacement worker gets on its first shard, for starting (imports, model load,
+    weights). Why apart from worker_timeout_s: a start costs what it costs on a loaded machine
+    (over 20 s was seen beside a test suite), while a shard's deadline may be tuned to seconds."""
     learner_timeout_s: float = Field(600.0, gt=0)
     """Deadline for one call to the learner ranks (scoring a shard, one update). A rank that misses
     it fails the step with an error (ranks meet in all-reduce, so one cannot be swapped mid-update);

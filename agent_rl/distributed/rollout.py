@@ -95,19 +95,24 @@ class RayRollout:
         sandbox_urls: Sequence[str] = (),
         max_attempts: int = 2,
         worker_timeout_s: float = 600.0,
+        worker_start_timeout_s: float = 300.0,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
-        if worker_timeout_s <= 0:
-            raise ValueError(f"worker_timeout_s must be > 0, got {worker_timeout_s}")
+        if worker_timeout_s <= 0 or worker_start_timeout_s < 0:
+            raise ValueError(
+                f"worker_timeout_s must be > 0 and worker_start_timeout_s >= 0, got "
+                f"{worker_timeout_s} and {worker_start_timeout_s}"
+            )
         self.ray = import_ray()
         if not self.ray.is_initialized():
             raise RuntimeError("RayRollout needs a Ray connection; call ensure_ray() or ray.init() first")
         self.spec = spec
         self.max_attempts = max_attempts
         self.worker_timeout_s = worker_timeout_s
+        self.worker_start_timeout_s = worker_start_timeout_s
         self.leaser: Any = None
         if sandbox_urls:
             from agent_rl.distributed.sandbox_leases import start_leaser
@@ -147,6 +152,7 @@ class RayRollout:
             weights,
             sandbox_urls=scale.sandbox_urls,
             worker_timeout_s=scale.worker_timeout_s,
+            worker_start_timeout_s=scale.worker_start_timeout_s,
         )
 
     # ------------------------------------------------------------------ workers
@@ -275,10 +281,15 @@ class _ShardedCollect:
     def submit(self, shard: int, index: int) -> None:
         fleet, ids = self.fleet, self.shards[shard]
         worker = fleet.workers[index]
-        # One deadline per shard queued ahead (an actor runs one call at a time), and one more
-        # for a replacement that may still be loading its model.
-        ahead = self.busy(index) + (fleet.worker_ids[index] in fleet._starting)
-        deadline = time.monotonic() + fleet.worker_timeout_s * (ahead + 1)
+        # One deadline per shard queued ahead (an actor runs one call at a time), and the start-up
+        # budget on a replacement that may still be importing torch and loading its model: that
+        # takes as long as it takes on a loaded machine, whatever a shard's deadline is tuned to.
+        starting = fleet.worker_ids[index] in fleet._starting
+        deadline = (
+            time.monotonic()
+            + fleet.worker_timeout_s * (self.busy(index) + 1)
+            + fleet.worker_start_timeout_s * starting
+        )
         ref = worker.collect.remote(
             self.key,
             self.config,

@@ -269,7 +269,7 @@ def test_hung_worker_is_killed_at_the_deadline_and_its_shard_rerun(
         _assert_same(trajs, expected)  # the shard re-ran on the healthy worker: nothing lost or changed
 
         # With no attempt left, the hung worker's shard comes back flagged, like a death; the
-        # replacement (perhaps still loading its model: it gets one more deadline) runs its shard.
+        # replacement (perhaps still loading its model: it gets its start-up budget) runs its shard.
         rollout.max_attempts = 1
         rollout.workers[1].stall_next_collect.remote(3600)
         trajs = collector.collect(_tasks(4), 2, seed=23)
