@@ -197,19 +197,6 @@ def turn_accuracies(model: torch.nn.Module, examples: Sequence[Example], pad_id:
     return {"final_turn_accuracy": final / len(examples), "turn_accuracy": hits / turns}
 
 
-def final_turn_accuracy(model: torch.nn.Module, examples: Sequence[Example], pad_id: int) -> float:
-    """Share of examples whose last assistant turn the model reproduces greedily, token for token,
-    given everything before it (see turn_accuracies)."""
-    if not examples:
-        raise ValueError("final_turn_accuracy needs at least one example")
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        hits = sum(_reproduces(model, e, *turn_spans(e.mask)[-1], pad_id) for e in examples)
-    model.train(was_training)
-    return hits / len(examples)
-
-
 def held_out_accuracy(
     model: torch.nn.Module,
     tokenizer: Any,

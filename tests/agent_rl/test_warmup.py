@@ -9,7 +9,6 @@ torch = pytest.importorskip("torch")
 from agent_rl.build import load_model_and_tokenizer  # noqa: E402
 from agent_rl.warmup import (  # noqa: E402
     Example,
-    final_turn_accuracy,
     run_warmup,
     tokenize_conversation,
     turn_accuracies,
@@ -163,8 +162,8 @@ def test_final_turn_accuracy_is_exact_greedy_reproduction(tiny_model_dir) -> Non
     earlier_turn[3:6] = [1, 1, 1]  # an earlier assistant turn is context, not what is checked
     same = Example(prompt + turn, earlier_turn + [1] * 5)
     wrong = Example(prompt + turn[:-1] + [(turn[-1] + 1) % len(tok)], earlier_turn + [1] * 5)
-    assert final_turn_accuracy(model, [same], tok.pad_token_id) == 1.0
-    assert final_turn_accuracy(model, [same, wrong], tok.pad_token_id) == 0.5
+    assert turn_accuracies(model, [same], tok.pad_token_id)["final_turn_accuracy"] == 1.0
+    assert turn_accuracies(model, [same, wrong], tok.pad_token_id)["final_turn_accuracy"] == 0.5
 
 
 def test_turn_accuracies_count_every_assistant_turn_and_the_final_one(tiny_model_dir) -> None:
