@@ -2,13 +2,14 @@
 
 What it measures (medians over repeats, one torch thread; read the ratios, the machine is shared):
 1. head: the decode step's LM-head matmul, (B, hidden) @ (hidden, V), the work sampling follows.
-2. sampling before: `sample_tokens` as the engine sampled before this change: the sorting nucleus
-   filter (`top_p_filter_by_sort`, a sort of the whole vocabulary every step, even at top_p = 1)
-   and torch.multinomial per row.
-3. sampling after: `sample_tokens` with `top_p_filter` (no selection at top_p = 1, a top-k over a
-   growing k below it) and `draw` (inverse CDF: a float64 cumulative sum and a binary search).
+2. sampling before: the engine's first sampler, kept here as the baseline: a nucleus filter that
+   sorts the whole vocabulary every step (even at top_p = 1), log_softmax, torch.multinomial per row.
+3. sampling after: `sample_tokens` as the engine runs it: softmax once; no selection at top_p = 1;
+   below it a top-k of 64 for peaked rows and a two-pass radix select (a histogram over the float
+   bits, then only the boundary bin's tokens sorted) for the rest; an inverse-CDF draw per row that
+   rejects tokens outside the nucleus instead of masking the row.
 Each is printed as milliseconds and as a ratio to the head matmul (target: after <= 20% of the head),
-with the same-run speed-up after / before.
+with the same-run speed-up before / after.
 
 Run:  python benchmarks/sampler_bench.py [--vocab 152064 --hidden 896 --batch 1 8 32 --repeats 20]
 (152,064 and 896 are Qwen2.5-0.5B's vocabulary and hidden size.)
@@ -20,12 +21,12 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
 
-from agent_rl.rollout.hf_engine import sample_tokens, top_p_filter, top_p_filter_by_sort
+from agent_rl.rollout.hf_engine import nucleus, sample_tokens
 
 
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -48,9 +49,17 @@ def logits_like_a_model(batch: int, vocab: int, generator: torch.Generator, zipf
     return torch.stack(rows) + 0.5 * torch.randn((batch, vocab), generator=generator)
 
 
-def multinomial(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """The former engine's one-row draw."""
-    return int(torch.multinomial(probs, 1, generator=generator))
+def sample_by_sort(
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, gens: Sequence[torch.Generator]
+) -> list[int]:
+    """The engine's first sampler (the baseline): sort the vocabulary, cut the nucleus, multinomial."""
+    scaled = logits / temperature[:, None]
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)  # (B, V)
+    probs = sorted_logits.softmax(dim=-1)
+    drop_sorted = probs.cumsum(dim=-1) - probs >= top_p[:, None]
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    log_probs = scaled.masked_fill(drop, float("-inf")).log_softmax(dim=-1)
+    return [int(torch.multinomial(row.exp(), 1, generator=g)) for row, g in zip(log_probs, gens, strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,20 +92,19 @@ def main(argv: list[str] | None = None) -> int:
         active = [True] * batch
         for top_p_value in args.top_p:
             top_p = torch.full((batch,), top_p_value)
-            kept = top_p_filter(logits, top_p).isfinite().sum(-1).float().mean()
+            probs = logits.softmax(-1)
+            kept = (probs >= nucleus(probs, top_p)[0][:, None]).sum(-1).float().mean()
             gens = [torch.Generator().manual_seed(i) for i in range(batch)]
-
-            row = (logits, temperature, top_p, gens, active, 0)
-            before = median_ms(
-                partial(sample_tokens, *row, nucleus=top_p_filter_by_sort, drawer=multinomial), args.repeats
+            before = median_ms(partial(sample_by_sort, logits, temperature, top_p, gens), args.repeats)
+            after = median_ms(
+                partial(sample_tokens, logits, temperature, top_p, gens, active, 0), args.repeats
             )
-            after = median_ms(partial(sample_tokens, *row, nucleus=top_p_filter), args.repeats)
             print(
                 f"{batch:>5} {top_p_value:>6.2f} {kept:>8.0f} {head_ms:>8.2f} {before:>9.2f} {before / head_ms:>10.0%} "
                 f"{after:>8.2f} {after / head_ms:>9.0%} {before / after:>7.1f}x"
             )
     print(
-        "before = sampling with the full-vocabulary sort (the engine before); after = partial selection.\n"
+        "before = the first engine's sampler (full-vocabulary sort + multinomial); after = the engine's.\n"
         "nucleus = mean tokens kept per row.\n"
         "x/head = sampling time / the same batch's LM-head matmul time (target after/head <= 20%)."
     )

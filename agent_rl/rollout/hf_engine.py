@@ -12,7 +12,8 @@ speculative decoding, beam search (none is used by on-policy RL here).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,94 +26,95 @@ DEFAULT_KV_CACHE_BYTES = 2 * 2**30
 """Reused-KV budget: about 90k tokens of a 0.5B Qwen2 in float32 (24 KiB per token)."""
 
 
-def top_p_filter_by_sort(scaled_logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Reference nucleus filter: sort the whole vocabulary (the tests and the sampler benchmark
-    compare `top_p_filter` against it). Same arguments and result as `top_p_filter` (up to ties)."""
-    sorted_logits, order = scaled_logits.sort(dim=-1, descending=True)  # (B, V)
-    probs = sorted_logits.softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # (B, V) mass of strictly more likely tokens
-    drop_sorted = mass_before >= top_p[:, None]
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return scaled_logits.masked_fill(drop, float("-inf"))
+def _nucleus_by_sort(probs: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(threshold, mass) per row by sorting the vocabulary: cheap on an accelerator, ~log V passes on CPU."""
+    values = probs.sort(dim=-1, descending=True).values.double()  # (R, V)
+    before = values.cumsum(dim=-1) - values  # mass of the more likely tokens (the first of a tie: exact)
+    kept = (before < top_p[:, None].double()).sum(dim=-1)  # (R,) >= 1: the top token stays
+    threshold = values.gather(-1, (kept - 1)[:, None])  # (R, 1)
+    return threshold[:, 0].to(probs.dtype), (values * (values >= threshold)).sum(dim=-1)
 
 
-TOP_P_FIRST_K = 64
-"""First candidate count of the partial selection; it grows 16x until every row's nucleus fits
-(and becomes the whole vocabulary once it would pass V / 8)."""
+def _nucleus_by_radix(probs: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(threshold, mass) per row without sorting the vocabulary: a two-pass radix select on CPU.
 
-
-def _nucleus_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """(R,) the smallest probability each row's nucleus keeps. probs: (R, V), top_p: (R,) < 1.
-
-    Why top-k instead of a sort: a nucleus is usually a few dozen tokens of a 152k vocabulary, and
-    `topk(k)` costs about one pass over the row where a sort costs log V passes. k grows until the
-    first excluded token shows up in every row (at worst k = V, a full sort, for nuclei of more than
-    ~V / 8 tokens: benchmarks/sampler_bench.py measures both kinds).
+    A non-negative float32's bit pattern orders like its value, so its top 16 bits (exponent and 7
+    mantissa bits) put every token in one of 16,257 bins (1.0 is the largest). One histogram of mass
+    per bin finds the bin where the cumulative mass from the top crosses top_p; only that bin's
+    tokens (a relative width of 1/128: few, unless the row is flat) are then sorted to find the
+    boundary token. The set a sort finds, at about the cost of three passes over the row.
     """
-    rows, vocab = probs.shape
-    threshold = torch.empty(rows, dtype=probs.dtype, device=probs.device)
-    pending = torch.arange(rows, device=probs.device)
-    k = min(TOP_P_FIRST_K, vocab)
-    while pending.numel():
-        candidates = probs if pending.numel() == rows else probs[pending]
-        values = candidates.topk(k, dim=-1).values  # (P, k), descending
-        # float64 sums: a float32 running sum over thousands of candidates drifts by ~1e-6 * k and
-        # would move the boundary of a flat nucleus (the sorting filter's cumsum does).
-        wide = values.double()
-        mass_before = wide.cumsum(dim=-1) - wide  # mass of the more likely candidates
-        kept = (mass_before < top_p[pending, None].double()).sum(dim=-1)  # (P,) >= 1: the top stays
-        done = (kept < k) | (k == vocab)
-        threshold[pending[done]] = values[done].gather(-1, (kept[done] - 1)[:, None])[:, 0]
-        pending = pending[~done]
-        # A top-k of more than ~1/8 of the row costs about a full sort: go straight to k = V then.
-        k = 16 * k if 16 * k <= vocab // 8 else vocab
-    return threshold
+    rows, bins = probs.shape[0], 0x3F80 + 1
+    high = probs.view(torch.int32) >> 16  # (R, V)
+    hist = torch.zeros(rows, bins, dtype=probs.dtype, device=probs.device)
+    for r in range(rows):  # row by row: int32 indices as they are (an int64 copy costs more than the sum)
+        hist[r].index_add_(0, high[r], probs[r])  # float32 sums within one bin only
+    hist = hist.double()
+    reach = hist.flip(-1).cumsum(-1).flip(-1)  # mass of bins >= b, non-increasing in b
+    crossing = (reach >= top_p[:, None].double()).sum(-1) - 1  # (R,): -1 if rounding left < top_p
+    edge = crossing.clamp(min=0)[:, None]
+    above = (reach.gather(1, edge) - hist.gather(1, edge))[:, 0]  # mass of the bins above the edge
+    row, col = (high == crossing.to(torch.int32)[:, None]).nonzero(as_tuple=True)  # the edge bins' tokens
+    values = probs[row, col]
+    order = values.argsort(descending=True, stable=True)
+    order = order[row[order].argsort(stable=True)]  # by row, most likely first
+    row, values = row[order], values[order]
+    wide = values.double()
+    before = wide.cumsum(0) - wide
+    first = torch.ones_like(row, dtype=torch.bool)
+    first[1:] = row[1:] != row[:-1]
+    start = torch.zeros(rows, dtype=torch.float64, device=probs.device)
+    start[row[first]] = before[first]  # the running sum where each row's tokens begin
+    kept = above[row] + (before - start[row]) < top_p[row].double()
+    inf = torch.full((rows,), float("inf"), dtype=probs.dtype, device=probs.device)
+    threshold = inf.scatter_reduce(0, row[kept], values[kept], "amin")
+    tied = values >= threshold[row]  # the boundary token and its ties
+    mass = above.index_add(0, row[tied], wide[tied])
+    everything = crossing < 0
+    return threshold.masked_fill(everything, 0.0), torch.where(everything, hist.sum(-1), mass)
 
 
-def top_p_filter(scaled_logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Set logits outside each row's nucleus to -inf (the most likely token always stays).
+def nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(threshold, mass) per row: the nucleus is every token with probs >= threshold (ties at the
+    boundary stay together), mass its total probability (float64). probs: (B, V) float32, top_p: (B,).
 
-    scaled_logits: (B, V) float32, already divided by temperature. top_p: (B,) in (0, 1].
-    The nucleus is every token whose strictly-more-likely mass is below top_p (tied tokens are
-    kept or dropped together). Rows with top_p = 1 are returned untouched without any selection;
-    the others use a partial selection (`_nucleus_threshold`), never a sort of the vocabulary.
+    The nucleus is every token whose strictly-more-likely mass is below top_p. Rows with top_p = 1
+    keep everything (threshold 0) without any selection. On CPU the others never sort the vocabulary
+    (a radix select, benchmarks/sampler_bench.py); on an accelerator a sort is cheap and a float
+    scatter-add is not deterministic, so rows there are sorted.
     """
-    rows = (top_p < 1).nonzero()[:, 0]  # (R,)
-    if rows.numel() == 0:
-        return scaled_logits
-    every = rows.numel() == scaled_logits.shape[0]  # skip the gather / scatter copies of (B, V)
-    chosen = scaled_logits if every else scaled_logits[rows]
-    probs = chosen.softmax(dim=-1)  # (R, V)
-    threshold = _nucleus_threshold(probs, top_p if every else top_p[rows])
-    kept = chosen.masked_fill(probs < threshold[:, None], float("-inf"))
-    if every:
-        return kept
-    out = scaled_logits.clone()
-    out[rows] = kept
-    return out
+    threshold = torch.zeros_like(top_p, dtype=probs.dtype)
+    mass = probs.sum(-1).double()  # (float32 sums are pairwise: ~1e-7; a float64 pass costs 10x)
+    rows = (top_p < 1).nonzero()[:, 0]
+    if rows.numel():
+        chosen = probs if rows.numel() == probs.shape[0] else probs[rows]
+        search = _nucleus_by_radix if probs.device.type == "cpu" else _nucleus_by_sort
+        threshold[rows], mass[rows] = search(chosen, top_p[rows])
+    return threshold, mass
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One index drawn with probability probs[j] / sum(probs) (inverse CDF). probs: (V,) >= 0.
+MAX_REJECTIONS = 64
+"""Draws outside the nucleus before `draw` masks the row instead (only when top_p is tiny)."""
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator, threshold: float = 0.0) -> int:
+    """One index j with probs[j] >= threshold, with probability proportional to probs[j] (inverse CDF).
 
     Why not torch.multinomial: on CPU it costs ~5 ms per row at a 152k vocabulary, ~15x a cumulative
-    sum and a binary search, and it ran once per row per decode step. The sum is in float64 so the
-    CDF does not drift over 152k terms; zero-probability tokens (outside the nucleus) are never
-    drawn, since the search returns the first index whose CDF exceeds the uniform draw.
+    sum and a binary search. Why draw from the whole row and reject tokens outside the nucleus: a
+    draw from p conditioned on the nucleus is exactly a draw from the renormalised nucleus, and the
+    row needs no masked copy (a nucleus holds >= top_p of the mass, so ~1 draw per token). The sum
+    is in float64 so the CDF does not drift over 152k terms; zero-probability tokens are never drawn.
     """
-    cdf = probs.double().cumsum(dim=0)  # (V,)
-    u = torch.rand((1,), generator=generator, dtype=torch.float64) * cdf[-1]
-    return min(int(torch.searchsorted(cdf, u, right=True)), probs.shape[0] - 1)
-
-
-EXP_FLOOR = -80.0
-"""Log-probs below this are drawn as if they were e^-80 (~2e-35): a negligible change (at most V x
-2e-35 of mass), but exp of -inf or of an underflowing value takes a slow path on CPU (20-70x)."""
-
-
-def row_probs(log_probs: torch.Tensor) -> torch.Tensor:
-    """(V,) probabilities to draw from: exp of one row, exactly 0 outside the nucleus (-inf)."""
-    return log_probs.clamp(min=EXP_FLOOR).exp().masked_fill_(log_probs == float("-inf"), 0.0)
+    for attempt in range(MAX_REJECTIONS + 1):
+        if attempt == 0 or attempt == MAX_REJECTIONS:
+            row = probs if attempt == 0 else probs * (probs >= threshold)
+            cdf = row.double().cumsum(dim=0)  # (V,)
+        u = torch.rand((1,), generator=generator, dtype=torch.float64) * cdf[-1]
+        index = min(int(torch.searchsorted(cdf, u, right=True)), probs.shape[0] - 1)
+        if probs[index] >= threshold:
+            return index
+    raise AssertionError("unreachable: the last draw is from the nucleus alone")
 
 
 def sample_tokens(
@@ -122,21 +124,18 @@ def sample_tokens(
     gens: Sequence[torch.Generator],
     active: Sequence[bool],
     pad_token_id: int,
-    nucleus: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = top_p_filter,
-    drawer: Callable[[torch.Tensor, torch.Generator], int] = draw,
 ) -> tuple[list[int], list[float]]:
     """Draw one token per active row and return its log-prob under the sampling distribution.
 
-    logits: (B, V) float32. temperature, top_p: (B,). Inactive rows get pad_token_id and 0.0.
-    `nucleus` and `drawer` are the top-p filter and the one-row sampler (benchmarks/sampler_bench.py
-    passes the former engine's sort and torch.multinomial as its baseline).
+    logits: (B, V). temperature, top_p: (B,). Inactive rows get pad_token_id and 0.0. The log-prob
+    is log p(token) - log(nucleus mass): the renormalised nucleus the token was drawn from.
     """
     greedy = temperature <= 0  # (B,)
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature)
-    scaled = logits / safe_t[:, None]  # (B, V)
+    scaled = logits.float() if bool((safe_t == 1).all()) else logits.float() / safe_t[:, None]
+    probs = scaled.softmax(dim=-1)  # (B, V)
     # Greedy rows keep the whole vocabulary (top_p 1), matching vLLM's greedy log-probs.
-    filtered = nucleus(scaled, torch.where(greedy, torch.ones_like(top_p), top_p))
-    log_probs = filtered.log_softmax(dim=-1)  # (B, V)
+    threshold, mass = nucleus(probs, torch.where(greedy, torch.ones_like(top_p), top_p))
     tokens: list[int] = []
     lps: list[float] = []
     for i in range(logits.shape[0]):
@@ -144,12 +143,9 @@ def sample_tokens(
             tokens.append(pad_token_id)
             lps.append(0.0)
             continue
-        if bool(greedy[i]):
-            tok = int(logits[i].argmax())
-        else:
-            tok = drawer(row_probs(log_probs[i]), gens[i])
+        tok = int(logits[i].argmax()) if bool(greedy[i]) else draw(probs[i], gens[i], float(threshold[i]))
         tokens.append(tok)
-        lps.append(float(log_probs[i, tok]))
+        lps.append(math.log(float(probs[i, tok])) - math.log(float(mass[i])))
     return tokens, lps
 
 

@@ -1,4 +1,5 @@
-"""HFEngine specifics beyond the shared contract: sharing the trainer's module, dtypes, top-p filter."""
+"""HFEngine specifics beyond the shared contract: sharing the trainer's module, dtypes (the nucleus
+search and the draw: test_top_p.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from agent_rl.rollout.engine import SamplingParams
-from agent_rl.rollout.hf_engine import HFEngine, top_p_filter
+from agent_rl.rollout.hf_engine import HFEngine
 
 
 def test_shared_trainer_module_is_sampled_in_eval_mode_and_handed_back(
@@ -50,11 +51,3 @@ def test_update_weights_rejects_partial_or_foreign_state(hf_engine: Any) -> None
     name = "model.norm.weight"
     with pytest.raises(ValueError, match="shape"):
         hf_engine.update_weights({**state, name: torch.zeros(3)})
-
-
-def test_top_p_filter_keeps_the_smallest_nucleus() -> None:
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.97, 0.01, 0.01, 0.01]]))
-    kept = top_p_filter(logits, torch.tensor([0.7, 0.5])).isfinite()
-    assert kept.tolist() == [[True, True, False, False], [True, False, False, False]]
-    everything = top_p_filter(logits, torch.tensor([1.0, 1.0])).isfinite()
-    assert everything.all()
