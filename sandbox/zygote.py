@@ -3,9 +3,10 @@
 A one-shot through a pooled worker costs a whole worker start (bubblewrap's namespaces, an
 interpreter boot) plus the program's own interpreter: ~26 ms of CPU. The zygote pays those once. It
 is started exactly like a worker (``Launcher``: bubblewrap, its own uid, memory and pid cgroups,
-no network, ``--die-with-parent``) and then, for each request, forks a child that unshares fresh
-user/mount/pid/ipc/uts/net namespaces with its own tmpfs scratch, rlimits and no capabilities
-(sandbox/zygote_main.py explains the three processes per request and what each guards).
+no network, ``--die-with-parent``) and then, for each request, clones one process into fresh
+user/mount/pid/ipc/uts/net namespaces with its own tmpfs scratch, rlimits and no capabilities,
+which runs the program as pid 1 of its namespace while the zygote feeds its stdin, keeps its output
+and enforces its timeout (sandbox/zygote_main.py explains the design and what each step guards).
 
 What is shared between concurrent requests, unlike separate workers: the host uid (the per-request
 RLIMIT_NPROC is counted in the request's own user namespace, the zygote's pid cgroup caps them

@@ -1,4 +1,4 @@
-"""The zygote: a warm, already-sandboxed interpreter that forks one isolated child per one-shot program.
+"""The zygote: a warm, already-sandboxed interpreter that clones one isolated process per one-shot program.
 
 Standalone and stdlib-only, like worker.py: the host (sandbox/zygote.py) starts it under the same
 bubblewrap confinement as a worker and talks to it with the worker's framing (4-byte big-endian
@@ -11,27 +11,45 @@ Requests: ``{"op": "run", "id": n, "code": str, "stdin": str, "timeout_s": float
 "files": {...}, "missing": [...]}``) or ``{"id": n, "error": str}``. Requests run concurrently;
 replies come in completion order.
 
-Per request, two processes (why each exists):
+Per request, one process: S, cloned from the zygote straight into new user, pid, mount, ipc, uts
+and network namespaces (one raw clone(2): fork's CPU is most of a one-shot's cost). S is pid 1 of
+its namespace, and S *is* the program: it takes the request's three pipes as fds 0-2 and closes
+every other descriptor (nothing in it can reach the zygote's control channel or another request's
+pipes), maps only its own uid, mounts fresh tmpfs over /tmp, /workspace and /dev/shm and a /proc
+that shows only this request, makes itself non-dumpable, sets the rlimits (address space,
+processes, file size, descriptors, CPU), drops every capability (bounding set empty,
+no_new_privs), starts its own session, and then runs the code as ``__main__`` in this preloaded
+interpreter (no exec: that is what makes a one-shot cheap).
 
-* S, the supervisor, cloned from the zygote straight into new user, pid, mount, ipc, uts and
-  network namespaces (one raw clone(2): fork's CPU is most of a one-shot's cost, so no extra
-  fork + unshare step). It is pid 1 of its namespace. It closes every descriptor but its result
-  pipe (so nothing below it can reach the zygote's control channel), maps only its own uid, mounts
-  fresh tmpfs over /tmp, /workspace and /dev/shm and a /proc that shows only this request, makes
-  itself non-dumpable (the program, same uid, cannot ptrace it or read /proc/1/*), feeds stdin,
-  keeps the output up to the cap, enforces the wall-clock timeout and writes the report. When the
-  program ends or times out S kills everything left in the namespace (kill(-1) from pid 1), so a
-  daemon (double fork, setsid) cannot outlive the request. S dies with the zygote (PDEATHSIG), and
-  with S the whole namespace.
-* Q, the program, an ordinary fork of S: rlimits (address space, processes, file size,
-  descriptors, CPU), no capabilities (bounding set empty, no_new_privs), its own session, then the
-  code runs as ``__main__`` in this preloaded interpreter (no exec: that is what makes a one-shot
-  cheap).
+The zygote supervises from outside, single-threaded, for all requests at once: it feeds stdin,
+keeps stdout/stderr up to the cap (draining the rest), watches S through a pidfd, and at the
+wall-clock timeout SIGKILLs S. When pid 1 of a pid namespace ends, for any reason, the kernel kills
+everything else in it, so a daemon (double fork, setsid) cannot outlive the request; S also dies
+with the zygote (PDEATHSIG, and bubblewrap's pid namespace around the zygote).
 
-Q can name no process outside its pid namespace, so it cannot signal or ptrace the zygote or other
-requests; signals to S, its pid 1, are dropped by the kernel; it holds no capability, so it cannot
-unmount its /proc or tmpfs. Memory written by Q is its own copy-on-write copy; nothing flows back
-but S's report. The zygote stays single-threaded (a clone would otherwise copy locks other threads
+Being pid 1 shows, but not in the report. The kernel drops signals pid 1 gets from inside its
+namespace (from itself, its children, its own timers) when it has no handler for them. So the
+zygote installs, once, a handler for each signal whose default action ends a process (inherited
+by every clone; in any process but a request's pid 1 it just does the default action), and wraps
+os.kill / os.killpg / signal.raise_signal / os.abort for SIGKILL and for such signals reset to
+SIG_DFL: the program ends as a non-init process would, and the report says ``return_code: -N`` as
+before (S writes N into a page shared with the zygote; a program that scribbles on it can only
+misreport itself). Faults (SIGSEGV, ...) and the RLIMIT_CPU SIGKILL come from the kernel, which
+pid 1 does not ignore. What a program can still see: os.getpid() == 1 and os.getppid() == 0;
+orphans of its children are reparented to it (os.wait() may reap one; the rest are reaped when it
+ends); signal.getsignal() names the handler, not SIG_DFL; a handled signal acts between bytecodes
+(after a long C call, not in it); a stop signal it sends itself, or a deadly one it reset to
+SIG_DFL and then gets from a child or a timer, is ignored; C-level abort() (not os.abort) ends it
+by SIGSEGV (glibc's fallback); and a daemon it leaves dies the moment it ends, so output written
+after that is not collected (before, for up to 0.5 s).
+
+Requests with ``fetch_files`` keep a second process: S forks Q, the program, and supervises it from
+inside the namespace (stdin, output cap, timeout, kill(-1) of whatever Q left); after Q ends S
+reads the files from the request's /workspace and writes the whole report to a result pipe. The files must be read by code that runs after the program, in its
+mount namespace, and that the program cannot have tampered with: S is that code.
+
+Memory written by the program is its own copy-on-write copy; nothing flows back but its output and
+exit status. The zygote stays single-threaded (a clone would otherwise copy locks other threads
 hold), and ``gc.freeze()`` keeps the collector in a child from touching, and so copying, the
 preloaded heap.
 """
@@ -40,6 +58,7 @@ import ctypes
 import ctypes.util
 import gc
 import json
+import mmap
 import os
 import select
 import signal
@@ -79,10 +98,22 @@ import traceback  # noqa: E402
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+CLONE_CHILD_SETTID = 0x01000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 4, 24, 38, 47
 _HEADER = struct.Struct(">I")
+_PAGE = struct.Struct("=iI")
+"""The shared page's head: the signal the program ended by (S is pid 1), the length of S's error."""
+_ISOLATION_FAILED = 70
 _DRAIN_S = 0.5
+# Signals that end a process by default and that software sends: pid 1 would drop them unhandled.
+# Not the faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP: the kernel forces those through, and a
+# handler that returns would re-run the faulting instruction forever), not SIGINT (Python's own
+# handler), not SIGPIPE/SIGXFSZ (the interpreter ignores them).
+_NOT_DEADLY = {"SIGKILL", "SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGCONT", "SIGCHLD", "SIGURG",
+               "SIGWINCH", "SIGINT", "SIGPIPE", "SIGXFSZ", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL",
+               "SIGTRAP"}  # fmt: skip
+_DEADLY = frozenset(s for s in signal.valid_signals() if getattr(s, "name", "SIGRT") not in _NOT_DEADLY)
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _api = ctypes.pythonapi
 _libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
@@ -118,17 +149,44 @@ def _write(path, text):
         os.close(fd)
 
 
-def _clone():
+def _tid_slot():
+    """The address of glibc's cached thread id for this (main) thread, or 0 when it cannot be found.
+
+    A raw clone leaves the child's copy stale (the zygote's tid), and glibc uses it for recursive
+    mutexes and pthread calls on the main thread; since the program runs in the clone, S must look
+    like a glibc fork's child. fork() passes this address as CLONE_CHILD_SETTID so the kernel writes
+    the child's tid there; _clone does the same. Its offset in struct pthread varies between glibc
+    builds, so it is found: the int that holds our tid here and the child's tid in a forked child.
+    """
+    _libc.pthread_self.restype = ctypes.c_ulong
+    base = _libc.pthread_self()
+    words = (ctypes.c_int * 576).from_address(base)  # struct pthread is ~2.3 KiB on x86_64
+    here = [i for i in range(576) if words[i] == os.getpid()]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, json.dumps([i for i in here if words[i] == os.getpid()]).encode())
+        os._exit(0)
+    os.close(w)
+    found = json.loads(os.read(r, 4096) or b"[]")
+    os.close(r)
+    os.waitpid(pid, 0)
+    return base + 4 * found[0] if len(found) == 1 else 0
+
+
+def _clone(tid_slot):
     """fork() into fresh user/pid/mount/ipc/uts/net namespaces in one step (raw clone(2)).
 
     One process instead of fork + unshare + fork: the child is pid 1 of its own namespace, and
     fork's CPU cost (copying and tearing down the page tables) dominates a one-shot's. Python's
-    fork bookkeeping runs around it as os.fork() would. glibc's cached thread id is stale in the
-    child; only S runs there, which never calls raise()/pthread_kill (Q is an ordinary fork).
+    fork bookkeeping runs around it as os.fork() would, and glibc's cached tid is set as fork()
+    sets it (``tid_slot``, see _tid_slot).
     """
     flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET
+    if tid_slot:
+        flags |= CLONE_CHILD_SETTID
     _api.PyOS_BeforeFork()
-    pid = _libc.syscall(56, flags | signal.SIGCHLD, 0, 0, 0, 0)  # SYS_clone on x86_64
+    pid = _libc.syscall(56, flags | signal.SIGCHLD, 0, 0, ctypes.c_void_p(tid_slot), 0)  # SYS_clone, x86_64
     if pid == 0:
         _api.PyOS_AfterFork_Child()
         return 0
@@ -152,13 +210,13 @@ def _isolate(req, uid, gid):
     _mount(b"proc", "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
-def _program(req, fds):
-    """(in Q) Limits, no capabilities, the request's pipes as 0/1/2, then the code as __main__."""
+def _limit(req, nproc):
+    """Rlimits, no capabilities, a session of its own: what the program runs under."""
     import resource
 
     limits = (
         (resource.RLIMIT_AS, req["memory_bytes"]),
-        (resource.RLIMIT_NPROC, req["nproc"]),
+        (resource.RLIMIT_NPROC, nproc),
         (resource.RLIMIT_FSIZE, req["fsize_bytes"]),
         (resource.RLIMIT_NOFILE, req["nofile"]),
         (resource.RLIMIT_CPU, max(1, int(req["cpu_s"] + 0.999))),
@@ -168,9 +226,96 @@ def _program(req, fds):
         resource.setrlimit(which, (int(value), int(value)))
     _drop_capabilities()
     os.setsid()
+
+
+def _program(req, fds):
+    """(in Q, the fetch_files path) Limits, the request's pipes as 0/1/2, then the code."""
+    _limit(req, req["nproc"])
     for i, fd in enumerate(fds):
         os.dup2(fd, i)
     os.closerange(3, 1 << 16)
+    _run_code(req)
+
+
+def _become_program(req, fds, page, uid, gid):
+    """(in S, pid 1) The request's pipes as 0/1/2 and no other descriptor, isolation, then the code."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the zygote gone: this namespace goes too
+    for i, fd in enumerate(fds):
+        os.dup2(fd, i)
+    os.closerange(3, 1 << 16)  # the zygote's control channel, other requests' pipes
+    try:
+        _isolate(req, uid, gid)
+        _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except OSError as e:
+        error = f"cannot isolate the program: {e}".encode()[: len(page) - _PAGE.size]
+        _PAGE.pack_into(page, 0, 0, len(error))
+        page[_PAGE.size : _PAGE.size + len(error)] = error
+        os._exit(_ISOLATION_FAILED)
+    global _signal_page
+    _signal_page = page  # see _end_by_signals_as_non_init: its handlers came with the clone
+    # One process less in this user namespace than with a separate supervisor: the same room left.
+    _limit(req, max(1, req["nproc"] - 1))
+    _run_code(req)
+
+
+_signal_page = None
+"""In S (the program, pid 1): the page shared with the zygote, where the signal it ended by goes."""
+
+
+def _end_by_signals_as_non_init():
+    """Signals a program sends itself end it, as they would a process that is not pid 1.
+
+    The kernel drops a signal to pid 1 from inside its namespace unless pid 1 handles it. Handled
+    here: the deadly signals (a handler that does the default action) and, through the calls a
+    program makes, SIGKILL and deadly signals it reset to SIG_DFL. The signal goes in
+    ``_signal_page``; the zygote reports ``-signal`` as for a real death by it. Installed once, in
+    the zygote (some 0.2 ms of signal.signal calls per request otherwise), and inherited by every
+    clone: in any process but the program the handler is exactly the default action.
+    """
+    kill, killpg, raise_signal, abort = os.kill, os.killpg, signal.raise_signal, os.abort
+
+    def die(signum, frame=None):
+        if os.getpid() != 1 or _signal_page is None:  # the zygote, a fork of the program: the default
+            signal.signal(signum, signal.SIG_DFL)
+            kill(os.getpid(), signum)
+            return
+        _PAGE.pack_into(_signal_page, 0, int(signum), 0)
+        os._exit(0)  # as a death by signal: no cleanup, no flush (stdout and stderr are unbuffered)
+
+    def to_self(sig):
+        if (
+            os.getpid() == 1
+            and _signal_page is not None
+            and (sig == signal.SIGKILL or (sig in _DEADLY and signal.getsignal(sig) == signal.SIG_DFL))
+        ):
+            die(sig)
+
+    def os_kill(pid, sig, /):
+        if pid in (0, 1):
+            to_self(sig)
+        return kill(pid, sig)
+
+    def os_killpg(pgid, sig, /):
+        if pgid in (0, 1):
+            to_self(sig)
+        return killpg(pgid, sig)
+
+    def signal_raise_signal(sig, /):
+        to_self(sig)
+        return raise_signal(sig)
+
+    def os_abort():
+        if os.getpid() == 1 and _signal_page is not None:
+            die(signal.SIGABRT)
+        abort()
+
+    for signum in _DEADLY:
+        signal.signal(signum, die)
+    os.kill, os.killpg, signal.raise_signal, os.abort = os_kill, os_killpg, signal_raise_signal, os_abort
+
+
+def _run_code(req):
+    """The code as ``python -u /tmp/main.py`` would run it, in /workspace, with a plain environment."""
     os.chdir("/workspace")
     for key in [k for k in os.environ if k not in ("PATH", "HOME", "TMPDIR", "LANG", "MALLOC_ARENA_MAX")]:
         del os.environ[key]
@@ -349,37 +494,213 @@ def _send(fd, obj):
         view = view[os.write(fd, view) :]
 
 
-def _start(req, running, poller):
-    r, w = os.pipe()
-    uid, gid = os.getuid(), os.getgid()
-    try:
-        pid = _clone()
-    except OSError as e:
-        os.close(r)
-        os.close(w)
-        return {"id": req["id"], "error": f"cannot start the request: {e}"}
-    if pid == 0:
+class _Run:
+    """The zygote's side of one request whose program is S: its pipes, pidfd, output, clock."""
+
+    def __init__(self, req, pid, pipes, page, t0):
+        self.rid, self.pid, self.page, self.t0 = req["id"], pid, page, t0
+        self.in_w, self.out_r, self.err_r = pipes
+        self.pidfd = os.pidfd_open(pid)
+        self.cap = int(req["output_bytes"])
+        self.deadline = t0 + float(req["timeout_s"])
+        self.stdin = memoryview(req["stdin"].encode("utf-8"))
+        self.bufs = {self.out_r: bytearray(), self.err_r: bytearray()}
+        self.open = {self.out_r, self.err_r}  # until EOF: every writer (all in the namespace) gone
+        self.status, self.ended, self.wait_status = "Finished", None, None
+
+    def reply(self):
+        """The report run_driver.py would give (or S's isolation error)."""
+        code = None if self.status != "Finished" else os.waitstatus_to_exitcode(self.wait_status)
+        signum, size = _PAGE.unpack_from(self.page, 0)
+        if code == _ISOLATION_FAILED and size:
+            error = bytes(self.page[_PAGE.size : _PAGE.size + min(size, len(self.page) - _PAGE.size)])
+            return {"id": self.rid, "error": error.decode("utf-8", errors="replace")}
+        if code == 0 and 0 < signum < signal.NSIG:
+            code = -signum  # ended by a signal it sent itself (see _end_by_signals_as_non_init)
+        step = {
+            "status": self.status,
+            "return_code": code,
+            "stdout": bytes(self.bufs[self.out_r]).decode("utf-8", errors="replace"),
+            "stderr": bytes(self.bufs[self.err_r]).decode("utf-8", errors="replace"),
+            "execution_time": self.ended - self.t0,
+        }
+        return {"id": self.rid, "report": {"compile": None, "run": step, "files": {}, "missing": []}}
+
+
+class _Zygote:
+    """The loop: control frames in, requests started, their pipes and pidfds served, replies out."""
+
+    def __init__(self, ctl_in, ctl_out):
+        self.ctl_in, self.ctl_out = ctl_in, ctl_out
+        self.poller = select.poll()
+        self.poller.register(ctl_in, select.POLLIN)
+        self.legacy = {}  # result pipe -> (id, pid, bytes so far): requests on the fetch_files path
+        self.owner = {}  # fd -> _Run
+        self.runs = set()
+        self.uid, self.gid = os.getuid(), os.getgid()
+        self.tid_slot = _tid_slot()
+
+    def serve(self):
+        while True:
+            for fd, _ in self.poller.poll(self._wait_ms()):
+                if fd == self.ctl_in:
+                    self._control()
+                elif fd in self.owner:
+                    self._ready(self.owner[fd], fd)
+                elif fd in self.legacy:
+                    self._legacy_ready(fd)
+            if self.runs:
+                self._tick()
+
+    def _wait_ms(self):
+        if not self.runs:
+            return None
+        now = time.perf_counter()
+        due = min(r.deadline if r.ended is None else r.ended + _DRAIN_S for r in self.runs)
+        return max(0, int((due - now) * 1000) + 1)
+
+    def _control(self):
         try:
-            _supervise(req, w, uid, gid)
-        finally:
+            req = json.loads(_read_exact(self.ctl_in, _HEADER.unpack(_read_exact(self.ctl_in, 4))[0]))
+        except EOFError:
             os._exit(0)
-    os.close(w)
-    running[r] = (req["id"], pid, bytearray())
-    poller.register(r, select.POLLIN)
-    return None
+        op = req.get("op")
+        if op == "run":
+            failed = self._start_legacy(req) if req.get("fetch_files") else self._start(req)
+            if failed is not None:
+                _send(self.ctl_out, failed)
+        elif op == "ping":
+            running = len(self.runs) + len(self.legacy)
+            _send(self.ctl_out, {"id": req.get("id"), "pong": True, "running": running})
+        elif op == "shutdown":
+            os._exit(0)
 
+    def _watch(self, fd, run, events=select.POLLIN):
+        self.owner[fd] = run
+        self.poller.register(fd, events)
 
-def _finish(fd, running, poller, ctl_out):
-    rid, pid, buf = running.pop(fd)
-    poller.unregister(fd)
-    os.close(fd)
-    os.waitpid(pid, 0)
-    try:
-        reply = json.loads(bytes(buf))
-    except ValueError:
-        reply = {"error": "the request's supervisor died without a report"}
-    reply["id"] = rid
-    _send(ctl_out, reply)
+    def _drop(self, fd):
+        del self.owner[fd]
+        self.poller.unregister(fd)
+        os.close(fd)
+
+    def _start(self, req):
+        """Clone S (it becomes the program); its pipes and pidfd join the loop, stdin is fed."""
+        t0 = time.perf_counter()
+        page = mmap.mmap(-1, mmap.PAGESIZE)  # shared with S only: the signal it ended by
+        (in_r, in_w), (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe(), os.pipe()
+        try:
+            pid = _clone(self.tid_slot)
+        except OSError as e:
+            for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
+                os.close(fd)
+            page.close()
+            return {"id": req["id"], "error": f"cannot start the request: {e}"}
+        if pid == 0:
+            try:
+                _become_program(req, (in_r, out_w, err_w), page, self.uid, self.gid)
+            finally:
+                os._exit(_ISOLATION_FAILED)
+        page.madvise(mmap.MADV_DONTFORK)  # the next requests' S do not get this page
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
+        run = _Run(req, pid, (in_w, out_r, err_r), page, t0)
+        self.runs.add(run)
+        for fd in (out_r, err_r, run.pidfd):
+            self._watch(fd, run)
+        os.set_blocking(in_w, False)
+        if self._feed(run):
+            os.close(in_w)
+            run.in_w = None
+        else:
+            self._watch(in_w, run, select.POLLOUT)
+        return None
+
+    def _feed(self, run):
+        """Write as much of stdin as the pipe takes now; True when nothing is left to write."""
+        try:
+            while run.stdin:
+                run.stdin = run.stdin[os.write(run.in_w, run.stdin[: 1 << 16]) :]
+        except BlockingIOError:
+            return False
+        except OSError:  # the program closed its stdin (EPIPE): it wants no more
+            run.stdin = run.stdin[:0]
+        return True
+
+    def _ready(self, run, fd):
+        if fd == run.pidfd:  # S ended; with it, as pid 1, everything else in its namespace
+            _, run.wait_status = os.waitpid(run.pid, 0)
+            if run.ended is None:
+                run.ended = time.perf_counter()
+            self._drop(fd)
+            run.pidfd = None
+        elif fd == run.in_w:
+            if self._feed(run):
+                self._drop(fd)
+                run.in_w = None
+        else:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                self._drop(fd)
+                run.open.discard(fd)
+                return
+            buf = run.bufs[fd]
+            if len(buf) < run.cap:
+                buf += chunk[: run.cap - len(buf)]
+
+    def _tick(self):
+        """Timeouts (SIGKILL to S: the whole namespace goes), then the replies of finished runs."""
+        now = time.perf_counter()
+        for run in list(self.runs):
+            if run.ended is None and now >= run.deadline:
+                run.status, run.ended = "TimeLimitExceeded", now
+                os.kill(run.pid, signal.SIGKILL)  # not reaped yet, so the pid is still S's
+            elif run.wait_status is not None and (not run.open or now >= run.ended + _DRAIN_S):
+                self._finish(run)
+
+    def _finish(self, run):
+        for fd in [*run.open, run.in_w]:
+            if fd is not None:
+                self._drop(fd)
+        self.runs.discard(run)
+        reply = run.reply()
+        run.page.close()
+        _send(self.ctl_out, reply)
+
+    # -- the fetch_files path: S supervises Q and writes the whole report ----------------------
+    def _start_legacy(self, req):
+        r, w = os.pipe()
+        try:
+            pid = _clone(self.tid_slot)
+        except OSError as e:
+            os.close(r)
+            os.close(w)
+            return {"id": req["id"], "error": f"cannot start the request: {e}"}
+        if pid == 0:
+            try:
+                _supervise(req, w, self.uid, self.gid)
+            finally:
+                os._exit(0)
+        os.close(w)
+        self.legacy[r] = (req["id"], pid, bytearray())
+        self.poller.register(r, select.POLLIN)
+        return None
+
+    def _legacy_ready(self, fd):
+        chunk = os.read(fd, 1 << 16)
+        if chunk:
+            self.legacy[fd][2].extend(chunk)
+            return
+        rid, pid, buf = self.legacy.pop(fd)
+        self.poller.unregister(fd)
+        os.close(fd)
+        os.waitpid(pid, 0)
+        try:
+            reply = json.loads(bytes(buf))
+        except ValueError:
+            reply = {"error": "the request's supervisor died without a report"}
+        reply["id"] = rid
+        _send(self.ctl_out, reply)
 
 
 def main():
@@ -394,32 +715,11 @@ def main():
         os.dup2(null, fd)
     os.close(null)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    zygote = _Zygote(ctl_in, ctl_out)
+    _end_by_signals_as_non_init()
     _send(ctl_out, {"op": "ready", "pid": os.getpid(), "python": sys.version.split()[0]})
-    running = {}
     gc.freeze()  # the preloaded heap stays shared: no collector pass in a child touches (copies) it
-    poller = select.poll()
-    poller.register(ctl_in, select.POLLIN)
-    while True:
-        for fd, _ in poller.poll():
-            if fd != ctl_in:
-                chunk = os.read(fd, 1 << 16)
-                if chunk:
-                    running[fd][2].extend(chunk)
-                else:
-                    _finish(fd, running, poller, ctl_out)
-                continue
-            try:
-                req = json.loads(_read_exact(ctl_in, _HEADER.unpack(_read_exact(ctl_in, 4))[0]))
-            except EOFError:
-                os._exit(0)
-            if req.get("op") == "run":
-                failed = _start(req, running, poller)
-                if failed is not None:
-                    _send(ctl_out, failed)
-            elif req.get("op") == "ping":
-                _send(ctl_out, {"id": req.get("id"), "pong": True, "running": len(running)})
-            elif req.get("op") == "shutdown":
-                os._exit(0)
+    zygote.serve()
 
 
 if __name__ == "__main__":

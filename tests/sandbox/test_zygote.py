@@ -139,7 +139,8 @@ def test_a_memory_hog_fails_within_its_own_limit(http: TestClient) -> None:
 
 def test_a_request_cannot_signal_or_trace_anything_outside_itself(http: TestClient) -> None:
     """A hostile request kills every pid it can name and tries to ptrace pid 1; a concurrent
-    request and the zygote carry on."""
+    request and the zygote carry on. Under the zygote the program is pid 1 of its namespace and
+    alone in it: there is nothing else to trace or signal."""
     hostile = (
         "import ctypes, os, signal\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
@@ -155,7 +156,8 @@ def test_a_request_cannot_signal_or_trace_anything_outside_itself(http: TestClie
         "            os.kill(pid, signal.SIGKILL)\n"
         "        except OSError:\n"
         "            pass\n"
-        "print(traced, fds)\n"
+        "alone = [int(p) for p in os.listdir('/proc') if p.isdigit()] == [me]\n"
+        "print(traced, fds, me, alone)\n"
     )
     zygote = zygote_of(http)
     before = zygote.pid if zygote else None
@@ -171,7 +173,7 @@ def test_a_request_cannot_signal_or_trace_anything_outside_itself(http: TestClie
     t.join()
     assert stdout(bystander) == "alive\n"
     if zygote is not None:
-        assert stdout(answer) == "-1 denied\n"  # pid 1 is the request's own supervisor
+        assert stdout(answer) == "-1 readable 1 True\n"  # pid 1 is the program: itself, alone
         assert zygote.pid == before and stdout(run(http, "print(1)")) == "1\n"
 
 
@@ -253,6 +255,34 @@ def test_script_semantics(http: TestClient) -> None:
     assert len(seeds) == 3  # each request reseeds: no shared random state
 
 
+SELF_SIGNALS = (
+    # (program, return code, stdout): each one ends the way it would as an ordinary process
+    ("os.kill(os.getpid(), signal.SIGTERM)", -15, "before\n"),
+    ("os.kill(os.getpid(), signal.SIGKILL)", -9, "before\n"),
+    ("os.killpg(0, signal.SIGKILL)", -9, "before\n"),
+    ("signal.raise_signal(signal.SIGUSR1)", -10, "before\n"),
+    ("signal.signal(signal.SIGTERM, signal.SIG_DFL)\nos.kill(os.getpid(), signal.SIGTERM)", -15, "before\n"),
+    ("os.abort()", -6, "before\n"),
+    ("signal.alarm(1)\ntime.sleep(20)", -14, "before\n"),
+    ("subprocess.run(['/bin/sh', '-c', 'kill -HUP $PPID'])\ntime.sleep(20)", -1, "before\n"),
+    ("signal.signal(signal.SIGTERM, lambda *a: print('caught'))\nos.kill(os.getpid(), signal.SIGTERM)", 0,
+     "before\ncaught\nafter\n"),
+    ("pid = os.fork()\nif pid == 0:\n    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(20)\n"
+     "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))", 0, "before\n-15\nafter\n"),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(("call", "code", "out"), SELF_SIGNALS, ids=range(len(SELF_SIGNALS)))
+def test_a_program_that_signals_itself_ends_as_an_ordinary_process_would(
+    http: TestClient, call: str, code: int, out: str
+) -> None:
+    """Under the zygote the program is pid 1 of its namespace, whose unhandled signals the kernel
+    drops; the report must not show it: same return code and output on both paths."""
+    program = f"import os, signal, subprocess, time\nprint('before', flush=True)\n{call}\nprint('after')\n"
+    result = run(http, program, run_timeout=10)["run_result"]
+    assert (result["status"], result["return_code"], result["stdout"]) == ("Finished", code, out), result
+
+
 # -- the zygote itself ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def zygote() -> Iterator[Zygote]:
@@ -296,6 +326,37 @@ def test_a_dead_zygote_is_replaced_and_in_flight_requests_fail_cleanly(zygote: Z
     assert zygote.starts == starts + 1
 
 
+def test_nothing_of_a_request_outlives_the_zygote_even_without_its_parent_death_signal(
+    zygote: Zygote,
+) -> None:
+    """The program is S itself and may clear its PDEATHSIG; bubblewrap's pid namespace around the
+    zygote still takes it, and everything it started, down with the zygote."""
+    code = (
+        "import ctypes, subprocess, time\n"
+        "ctypes.CDLL(None).prctl(1, 0, 0, 0, 0)\n"  # PR_SET_PDEATHSIG 0
+        "subprocess.Popen(['/bin/sleep', '4321.8'])\n"
+        "time.sleep(60)\n"
+    )
+    errors: list[Exception] = []
+
+    def victim() -> None:
+        try:
+            zygote.run(code=code, timeout_s=30)
+        except Exception as e:
+            errors.append(e)
+
+    t = threading.Thread(target=victim)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not host_processes("sleep 4321.8") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert host_processes("sleep 4321.8")
+    os.kill(zygote_process(zygote), signal.SIGKILL)
+    t.join(30)
+    assert errors and gone("sleep 4321.8")
+    assert zygote.run(code="print(3)", timeout_s=5)["run"]["stdout"] == "3\n"
+
+
 @pytest.mark.slow
 def test_1000_requests_leak_no_descriptors_or_memory(zygote: Zygote) -> None:
     def one(i: int) -> None:
@@ -324,3 +385,46 @@ def _rss_kb(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise AssertionError("no VmRSS")
+
+
+def test_output_beyond_the_cap_is_dropped_without_blocking_the_program(zygote: Zygote) -> None:
+    code = "import sys\nsys.stdout.write('o' * 3_000_000)\nsys.stderr.write('e' * 3_000_000)\nprint('end')"
+    t0 = time.monotonic()
+    step = zygote.run(code=code, timeout_s=20, output_bytes=1000)["run"]
+    assert (step["status"], step["return_code"]) == ("Finished", 0)
+    assert step["stdout"] == "o" * 1000 and step["stderr"] == "e" * 1000
+    assert time.monotonic() - t0 < 10
+
+
+def test_stdin_larger_than_a_pipe_is_fed_whole_and_an_unread_one_does_not_block(zygote: Zygote) -> None:
+    data = "x" * 1_000_000 + "\n"
+    step = zygote.run(code="import sys\nprint(len(sys.stdin.read()))", stdin=data, timeout_s=20)["run"]
+    assert step["stdout"] == "1000001\n"
+    step = zygote.run(code="print('ignored it')", stdin=data, timeout_s=20)["run"]
+    assert (step["stdout"], step["return_code"]) == ("ignored it\n", 0)
+
+
+def test_a_timeout_kills_the_program_and_every_process_in_its_namespace(zygote: Zygote) -> None:
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    os.execv('/bin/sleep', ['sleep', '4321.7'])\n"
+        "print(os.getpid(), flush=True)\n"
+        "while True:\n"
+        "    pass\n"
+    )
+    t0 = time.monotonic()
+    step = zygote.run(code=code, timeout_s=2)["run"]
+    assert (step["status"], step["return_code"], step["stdout"]) == ("TimeLimitExceeded", None, "1\n")
+    assert 1.9 < step["execution_time"] < 5 and time.monotonic() - t0 < 8
+    assert gone("sleep 4321.7")
+    assert zygote.ping()["running"] == 0
+
+
+def test_fetch_files_are_read_after_the_program_even_on_a_timeout(zygote: Zygote) -> None:
+    """fetch_files requests keep a supervisor that outlives the program and reads its /workspace."""
+    code = "open('out.txt', 'w').write('kept')\nprint('wrote', flush=True)\nimport time\ntime.sleep(30)"
+    report = zygote.run(code=code, timeout_s=2, fetch_files=["out.txt", "absent"])
+    assert report["run"]["status"] == "TimeLimitExceeded" and report["run"]["stdout"] == "wrote\n"
+    assert report["files"] == {"out.txt": "a2VwdA=="} and report["missing"] == ["absent"]
