@@ -13,11 +13,19 @@ What it measures (medians over repeats; the machine is shared, so read ratios, n
    was running (high share + low overhead = the overlap works).
 5. Policy tokens per second through the collector and through the raw engine.
 6. What reproducibility costs: each scenario runs with the collector's default lock-step batching
-   (`deterministic`: a batch waits for every live episode, so its composition never depends on
-   timing and one seed gives bit-identical runs) and with batching by arrival (`arrival`:
-   `rollout.deterministic_batching=false`, throughput first). The ratio line compares them.
+   (`lockstep/K`: a batch waits for every live episode of one of K fixed cohorts, served in
+   rotation, so its composition never depends on timing and one seed gives bit-identical runs;
+   --cohorts 1 2 compares K = 1, all episodes in every batch, with the default K = 2, where the
+   engine generates one cohort's turn while the other's tools run) and with batching by arrival
+   (`arrival`: `rollout.deterministic_batching=false`, throughput first). The ratio lines compare them.
+7. Where the overhead goes, as fractions of the raw generate time: `idle` (the engine waited: env
+   steps, batching, bookkeeping; what overlap can hide), `work` (extra engine-thread CPU time, e.g.
+   smaller batches), `desched` (the engine thread was runnable but off the CPU: sandbox processes
+   and other jobs on the cores, or this process's other threads holding the GIL; no overlap hides
+   it). The engine thread's CPU time is time.thread_time() around each generate call, in the
+   collector and in the replay alike.
 
-7. With --turn-cost: what one turn costs as the episode grows (issue "Long horizons"). B episodes
+8. With --turn-cost: what one turn costs as the episode grows (issue "Long horizons"). B episodes
    play T turns in lock-step straight on the engine; every turn feeds the same number of new
    tokens (turn 1: a prompt of --tool-tokens ids; later turns: a tool reply of as many ids) and
    samples --turn-tokens more. Printed: seconds per turn at turn 1 and turn T, and their ratio,
@@ -80,6 +88,8 @@ class BenchConfig:
     relative to the rest of a decode step; --turn-cost reports depend on it."""
     batch_wait_s: float = CollectorConfig.batch_wait_s
     batching: tuple[str, ...] = ("deterministic", "arrival")
+    cohorts: tuple[int, ...] = (CollectorConfig.cohorts,)
+    """CollectorConfig.cohorts values to run with deterministic batching (one row each)."""
 
 
 # ---------------------------------------------------------------- envs
@@ -146,6 +156,40 @@ def turn_starts(traj: Trajectory) -> list[int]:
     return starts
 
 
+class EngineClock:
+    """Wraps engine.generate to sum its wall time and the calling thread's CPU time.
+
+    Why the thread's CPU time: wall minus CPU is the time the engine thread was runnable but not
+    running (other processes on the cores, or the GIL), which separates CPU contention from the
+    engine doing more work. An engine that computes in other threads or processes (vLLM's
+    workers) shows a low CPU/wall ratio in both the collector and the replay; compare the two.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.inner = engine.generate
+        self.wall = 0.0
+        self.cpu = 0.0
+        engine.generate = self.generate
+
+    def generate(self, prompts: Any, params: Any) -> Any:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return self.inner(prompts, params)
+        finally:
+            self.cpu += time.thread_time() - cpu
+            self.wall += time.perf_counter() - wall
+
+    def take(self) -> tuple[float, float]:
+        """(wall, cpu) since the last take."""
+        out = (self.wall, self.cpu)
+        self.wall = self.cpu = 0.0
+        return out
+
+    def restore(self) -> None:
+        self.engine.generate = self.inner
+
+
 def replay(
     engine: Any, trajs: list[Trajectory], sampling: SamplingParams, call_seed: int
 ) -> tuple[float, float]:
@@ -182,6 +226,10 @@ class Row:
     batch: list[float] = field(default_factory=list)
     match: list[float] = field(default_factory=list)
     bookkeeping: list[float] = field(default_factory=list)
+    busy_cpu: list[float] = field(default_factory=list)
+    """Engine-thread CPU seconds inside the collector's engine calls."""
+    raw_cpu: list[float] = field(default_factory=list)
+    """Engine-thread CPU seconds inside the replay's engine calls."""
 
 
 def model_dir(cfg: BenchConfig) -> str:
@@ -238,6 +286,23 @@ def make_engine(name: str, cfg: BenchConfig, path: str) -> Any:
 def run_scenario(
     engine: Any, engine_name: str, env_name: str, batching: str, cfg: BenchConfig, sandbox: Any
 ) -> Row:
+    """`batching`: 'lockstep/K' (deterministic, K cohorts) or 'arrival'."""
+    clock = EngineClock(engine)
+    try:
+        return measure(engine, engine_name, env_name, batching, cfg, sandbox, clock)
+    finally:
+        clock.restore()
+
+
+def measure(
+    engine: Any,
+    engine_name: str,
+    env_name: str,
+    batching: str,
+    cfg: BenchConfig,
+    sandbox: Any,
+    clock: EngineClock,
+) -> Row:
     def factory() -> gymnasium.Env:
         return ScriptedEnv(cfg.turns) if env_name == "scripted" else SandboxEnv(cfg.turns, sandbox)
 
@@ -249,18 +314,23 @@ def run_scenario(
         max_tool_tokens=64,
         env_workers=cfg.tasks * cfg.group_size,
         batch_wait_s=cfg.batch_wait_s,
-        deterministic=batching == "deterministic",
+        deterministic=batching != "arrival",
+        cohorts=int(batching.split("/")[1]) if batching != "arrival" else 1,
     )
     collector = Collector(engine, engine.tokenizer, factory, config)
     tasks = list(range(cfg.tasks))
     collector.collect(tasks, cfg.group_size, seed=10_000)  # warm-up: compile, sandbox pool, caches
+    clock.take()
     row = Row(engine_name, env_name, batching)
     for r in range(cfg.repeats):
         # Alternate which of the pair runs first, so load drifts on the shared machine cancel out.
         if r % 2:
             reference = collector.collect(tasks, cfg.group_size, seed=r)
+            clock.take()
             raw_s, match = replay(engine, reference, sampling, call_seed=r)
+            raw_cpu = clock.take()[1]
         trajs = collector.collect(tasks, cfg.group_size, seed=r)
+        busy_cpu = clock.take()[1]
         stats = collector.last_stats
         bad = [t.infra_error for t in trajs if t.infra_error]
         if bad:
@@ -269,6 +339,9 @@ def run_scenario(
             )
         if not r % 2:
             raw_s, match = replay(engine, trajs, sampling, call_seed=r)
+            raw_cpu = clock.take()[1]
+        row.busy_cpu.append(busy_cpu)
+        row.raw_cpu.append(raw_cpu)
         row.wall.append(stats.wall_s)
         row.busy.append(stats.engine_busy_s)
         row.raw.append(raw_s)
@@ -326,15 +399,48 @@ def print_table(rows: list[Row], cfg: BenchConfig) -> None:
         "  from env/sandbox processes on a 2-core machine shows here, not as engine idle.\n"
         "env share = wall-time fraction with >= 1 env/sandbox call running."
     )
+    print_split(rows)
     by_key = {(r.engine, r.env, r.batching): r for r in rows}
     for (engine, env, batching), r in by_key.items():
         other = by_key.get((engine, env, "arrival"))
-        if batching == "deterministic" and other is not None:
+        if batching != "arrival" and other is not None:
             print(
-                f"reproducibility cost {engine}/{env}: deterministic / arrival collector wall = "
+                f"reproducibility cost {engine}/{env}: {batching} / arrival collector wall = "
                 f"{med(r.wall) / med(other.wall):.2f}x (tokens/s {med(r.tokens) / med(r.wall):.0f} vs "
                 f"{med(other.tokens) / med(other.wall):.0f})"
             )
+        one = by_key.get((engine, env, "lockstep/1"))
+        if batching.startswith("lockstep/") and batching != "lockstep/1" and one is not None:
+            print(
+                f"cohorts {engine}/{env}: {batching} / lockstep/1 collector wall = {med(r.wall) / med(one.wall):.2f}x, "
+                f"overhead {med(w / x - 1 for w, x in zip(r.wall, r.raw, strict=True)):+.1%} vs "
+                f"{med(w / x - 1 for w, x in zip(one.wall, one.raw, strict=True)):+.1%}"
+            )
+
+
+def print_split(rows: list[Row]) -> None:
+    """Overhead = idle + work + desched, each as a fraction of the raw generate time (medians of
+    per-repeat values, so the parts need not add up exactly to the median overhead)."""
+    med = statistics.median
+    print(
+        f"\n{'engine':<6} {'env':<9} {'batching':<13} {'overhead':>8} {'idle':>7} {'work':>7} {'desched':>8} "
+        f"{'cpu/wall coll':>13} {'cpu/wall raw':>12}"
+    )
+    for r in rows:
+        parts = list(zip(r.wall, r.busy, r.busy_cpu, r.raw, r.raw_cpu, strict=True))
+        idle = med((w - b) / x for w, b, _, x, _ in parts)
+        work = med((bc - xc) / x for _, _, bc, x, xc in parts)
+        desched = med(((b - bc) - (x - xc)) / x for _, b, bc, x, xc in parts)
+        print(
+            f"{r.engine:<6} {r.env:<9} {r.batching:<13} {med((w - x) / x for w, _, _, x, _ in parts):>+8.1%} "
+            f"{idle:>+7.1%} {work:>+7.1%} {desched:>+8.1%} {med(bc / b for _, b, bc, _, _ in parts):>13.2f} "
+            f"{med(xc / x for *_, x, xc in parts):>12.2f}"
+        )
+    print(
+        "idle = engine waiting (env steps, batching, bookkeeping; what overlap can hide); work = extra engine-thread\n"
+        "  CPU time (e.g. smaller batches); desched = extra time the engine thread was runnable but off the CPU\n"
+        "  (sandbox processes, other jobs, the GIL: contention no overlap hides). All / raw generate time."
+    )
 
 
 # ---------------------------------------------------------------- per-turn cost (--turn-cost)
@@ -443,6 +549,12 @@ def print_turn_cost(rows: list[TurnCost], cfg: BenchConfig, tool_tokens: int, tu
     )
 
 
+def modes(cfg: BenchConfig) -> list[str]:
+    """The batching rows to run: 'lockstep/K' per cohort count (deterministic), then 'arrival'."""
+    out = [f"lockstep/{k}" for k in cfg.cohorts] if "deterministic" in cfg.batching else []
+    return out + (["arrival"] if "arrival" in cfg.batching else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engines", nargs="+", default=list(BenchConfig.engines), choices=["hf", "vllm"])
@@ -460,6 +572,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-wait", type=float, default=BenchConfig.batch_wait_s)
     p.add_argument(
         "--batching", nargs="+", default=list(BenchConfig.batching), choices=["deterministic", "arrival"]
+    )
+    p.add_argument(
+        "--cohorts",
+        nargs="+",
+        type=int,
+        default=list(BenchConfig.cohorts),
+        help="deterministic: cohorts to run",
     )
     p.add_argument("--turn-cost", action="store_true", help="measure per-turn cost vs turn index instead")
     p.add_argument("--tool-tokens", type=int, default=32, help="--turn-cost: new prompt/tool ids per turn")
@@ -480,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_heads=args.kv_heads,
         batch_wait_s=args.batch_wait,
         batching=tuple(args.batching),
+        cohorts=tuple(args.cohorts),
     )
     path = model_dir(cfg)
     torch.set_num_threads(cfg.threads)
@@ -499,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         for engine_name in cfg.engines:
             engine = make_engine(engine_name, cfg, path)
             for env_name in cfg.envs:
-                for batching in cfg.batching:
+                for batching in modes(cfg):
                     rows.append(run_scenario(engine, engine_name, env_name, batching, cfg, sandbox))
                     print(f"done: {engine_name}/{env_name}/{batching}", file=sys.stderr)
     finally:

@@ -1,9 +1,12 @@
 """Runs B tasks x N samples of a Gymnasium env concurrently and returns token-exact trajectories.
 
 How it overlaps work: each episode is a coroutine. Env construction, reset and step (which may
-call a sandbox) run in a thread pool; generation runs in one engine thread. Whenever the engine
-is free, one call batches every sequence that is waiting for a turn, so slow tools of some
-episodes do not stall generation for the others.
+call a sandbox) run in a thread pool; generation runs in one engine thread. By default batches
+are formed in lock-step (every live episode waits for the batch), so no batch's composition
+depends on timing and runs stay reproducible; with `CollectorConfig.cohorts` > 1 the lock-step
+batches are per fixed cohort of episodes, served in rotation, so the engine generates one
+cohort's turn while another cohort's tool calls run. With `deterministic=False`,
+whenever the engine is free one call batches every sequence that is waiting for a turn.
 
 Token bookkeeping per turn (the invariants `Trajectory.check` asserts after every append):
   1. the ids the policy sampled are appended verbatim, mask 1, with their sampling log-probs;
@@ -74,6 +77,17 @@ class CollectorConfig:
     log-probs and metrics in every process (batched float arithmetic depends on who shares the
     batch). The cost is that the engine waits for the slowest tool call of a turn; False batches
     by arrival with the adaptive wait below (throughput first, reproducible only up to float noise)."""
+    cohorts: int = 1
+    """With deterministic=True: the episodes of a collect() are split into this many cohorts by
+    index (contiguous blocks, never by timing), and the engine serves the cohorts' lock-step
+    batches in strict rotation, so it generates one cohort's turn while another's env steps (tool
+    calls) run. Each batch's rows, and the order of the engine calls, still depend only on the
+    episodes' state, so one seed still gives the same tokens in every process; another `cohorts`
+    gives other batches, hence log-probs equal only up to float rounding. Default 1 (every live
+    episode in each batch): on the 2-core CPU bench the engine idled only 2-3% of the wall time
+    waiting for the sandbox, while 2 cohorts (half-size batches) cost the HF engine +20% CPU work
+    (benchmarks/rollout_bench.py --cohorts 1 2). Try 2 where a call's time barely grows with the
+    batch (a GPU) and tool calls are slow."""
     lockstep_stall_s: float = 10.0
     """With deterministic=True: if no episode arrives or finishes for this long, some episode is
     waiting on something other than the engine (e.g. a sandbox slot held by an episode that is
@@ -103,6 +117,8 @@ class CollectorConfig:
             raise ValueError(f"max_total_tokens must be >= 2, got {self.max_total_tokens}")
         if self.env_workers < 1:
             raise ValueError(f"env_workers must be >= 1, got {self.env_workers}")
+        if self.cohorts < 1:
+            raise ValueError(f"cohorts must be >= 1, got {self.cohorts}")
         if self.batch_wait_s is not None and self.batch_wait_s < 0:
             raise ValueError(f"batch_wait_s must be >= 0 or None (adaptive), got {self.batch_wait_s}")
 
@@ -153,17 +169,47 @@ def turn_seed(*parts: int) -> int:
     return h % (2**31 - 1)
 
 
+@dataclass
+class _Request:
+    """One episode's request for its next turn, tagged with the episode's cohort."""
+
+    prompt: list[int]
+    params: SamplingParams
+    cohort: int
+    future: asyncio.Future[Completion]
+
+    def order(self) -> tuple[int, list[int]]:
+        """The timing-free order rows take inside a lock-step batch: (seed, prompt). Seeds are per
+        (call, group, sample, turn), and rows that tie on both are identical anyway."""
+        return (-1 if self.params.seed is None else self.params.seed, self.prompt)
+
+
+def cohort_of(index: int, episodes: int, cohorts: int) -> int:
+    """The cohort of episode `index` (0..episodes-1): contiguous blocks of near-equal size, so a
+    group's samples share a cohort (and a batch) whenever the groups divide evenly. A function of
+    the index only, never of timing, which is what keeps lock-step batches reproducible."""
+    return index * min(cohorts, max(episodes, 1)) // max(episodes, 1)
+
+
 class _Batcher:
-    """Collects generation requests from episodes and serves them in batched engine calls."""
+    """Collects generation requests from episodes and serves them in batched engine calls.
+
+    Lock-step (deterministic) batching serves the cohorts in strict rotation: cohort c's batch is
+    formed once every live episode of c waits for a turn, then cohort c+1's, and so on. While
+    one cohort's env steps run, the engine generates another's turn, and the sequence of engine
+    calls (their rows and their order) is still a function of the episodes' state alone.
+    """
 
     def __init__(
-        self, engine: Engine, config: CollectorConfig, stats: CollectStats, live: Callable[[], int]
+        self, engine: Engine, config: CollectorConfig, stats: CollectStats, sizes: list[int]
     ) -> None:
         self.engine = engine
         self.config = config
         self.stats = stats
-        self._live = live
-        self._pending: list[tuple[list[int], SamplingParams, asyncio.Future[Completion]]] = []
+        self._live = list(sizes)
+        """Episodes per cohort that have not finished."""
+        self._pending: list[_Request] = []
+        self._next_cohort = 0
         self._wake = asyncio.Event()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._recent_call_s: float | None = None
@@ -176,68 +222,107 @@ class _Batcher:
             return 0.05
         return self.config.batch_wait_fraction * self._recent_call_s
 
-    async def generate(self, prompt: list[int], params: SamplingParams) -> Completion:
+    async def generate(self, prompt: list[int], params: SamplingParams, cohort: int = 0) -> Completion:
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        self._pending.append((prompt, params, future))
+        self._pending.append(_Request(prompt, params, cohort, future))
         self._wake.set()
         return await future
 
-    async def _gather(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Let episodes still in an env step join the next engine call."""
-        if self.config.deterministic and not self._stalled:
-            while len(self._pending) < self._live():
-                self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), self.config.lockstep_stall_s)
-                except asyncio.TimeoutError:
-                    self._stalled = True
-                    self.stats.lockstep_stalls += 1
-                    log.warning(
-                        "lock-step batching stalled for %.0f s (%d of %d episodes waiting for the "
-                        "engine); batching by arrival for the rest of this collect",
-                        self.config.lockstep_stall_s,
-                        len(self._pending),
-                        self._live(),
-                    )
-                    return
-            # Arrival order depends on timing; the (seed, prompt) order does not. Seeds are
-            # per (call, group, sample, turn), and rows that tie on both are identical anyway.
-            self._pending.sort(key=lambda b: (-1 if b[1].seed is None else b[1].seed, b[0]))
-            return
+    def finished(self, cohort: int) -> None:
+        """An episode of `cohort` ended: a batch waiting for it may be complete now."""
+        self._live[cohort] -= 1
+        self._wake.set()
+
+    async def _wait_wake(self, timeout: float | None) -> bool:
+        """Wait for an arrival or a finished episode; False when `timeout` passed first.
+
+        Not `asyncio.wait_for`: on Python 3.11 it swallows a cancellation that arrives just as the
+        event fires (the last episode ends as collect() cancels this server), and the server would
+        then wait forever; `asyncio.wait` lets the cancellation through."""
+        self._wake.clear()
+        waiter = asyncio.ensure_future(self._wake.wait())
+        try:
+            done, _ = await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            waiter.cancel()
+        return bool(done)
+
+    async def _lockstep_batch(self) -> list[_Request] | None:
+        """The next cohort's batch in rotation, once each of its live episodes waits for a turn;
+        None after a stall (lock-step is then off for the rest of this collect)."""
+        while True:
+            if not any(self._live):
+                await self._wait_wake(None)
+                continue
+            cohort = self._next_cohort
+            if self._live[cohort] == 0:  # every episode of it ended: its slot in the rotation goes
+                self._next_cohort = (cohort + 1) % len(self._live)
+                continue
+            batch = [r for r in self._pending if r.cohort == cohort]
+            if len(batch) >= self._live[cohort]:
+                self._next_cohort = (cohort + 1) % len(self._live)
+                self._pending = [r for r in self._pending if r.cohort != cohort]
+                return sorted(batch, key=_Request.order)
+            if not await self._wait_wake(self.config.lockstep_stall_s):
+                self._stall(len(batch), self._live[cohort])
+                return None
+
+    def _stall(self, waiting: int, live: int) -> None:
+        self._stalled = True
+        self.stats.lockstep_stalls += 1
+        log.warning(
+            "lock-step batching stalled for %.0f s (%d of %d episodes of a cohort waiting for the "
+            "engine); batching by arrival for the rest of this collect",
+            self.config.lockstep_stall_s,
+            waiting,
+            live,
+        )
+
+    async def _arrival_batch(self, loop: asyncio.AbstractEventLoop) -> list[_Request]:
+        """Whoever waits now, after a short wait for episodes still in an env step to join."""
+        while not self._pending:
+            await self._wait_wake(None)
         deadline = loop.time() + self._wait_budget()
-        while len(self._pending) < self._live() and loop.time() < deadline:
+        while len(self._pending) < sum(self._live) and loop.time() < deadline:
             await asyncio.sleep(0.0005)
+        limit = self.config.max_batch_size or len(self._pending)
+        batch, self._pending = self._pending[:limit], self._pending[limit:]
+        return batch
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not self._pending:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            await self._gather(loop)
-            limit = self.config.max_batch_size or len(self._pending)
-            batch, self._pending = self._pending[:limit], self._pending[limit:]
-            started = time.perf_counter()
-            try:
-                results = await loop.run_in_executor(
-                    self._thread, self.engine.generate, [b[0] for b in batch], [b[1] for b in batch]
-                )
-            except Exception as exc:
-                for _, _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                continue
-            finally:
-                took = time.perf_counter() - started
-                self.stats.engine_busy_s += took
-                previous = self._recent_call_s
-                self._recent_call_s = took if previous is None else 0.7 * previous + 0.3 * took
-            self.stats.engine_calls += 1
-            self.stats.sequences_generated += len(batch)
-            for (_, _, fut), result in zip(batch, results, strict=True):
-                if not fut.done():
-                    fut.set_result(result)
+            batch = None
+            if self.config.deterministic and not self._stalled:
+                batch = await self._lockstep_batch()
+            if batch is None:
+                batch = await self._arrival_batch(loop)
+            limit = self.config.max_batch_size or len(batch)
+            for first in range(0, len(batch), limit):
+                await self._serve(batch[first : first + limit], loop)
+
+    async def _serve(self, batch: list[_Request], loop: asyncio.AbstractEventLoop) -> None:
+        """One engine call; its results (or its error) go to the requests' futures."""
+        started = time.perf_counter()
+        try:
+            results = await loop.run_in_executor(
+                self._thread, self.engine.generate, [r.prompt for r in batch], [r.params for r in batch]
+            )
+        except Exception as exc:
+            for r in batch:
+                if not r.future.done():
+                    r.future.set_exception(exc)
+            return
+        finally:
+            took = time.perf_counter() - started
+            self.stats.engine_busy_s += took
+            previous = self._recent_call_s
+            self._recent_call_s = took if previous is None else 0.7 * previous + 0.3 * took
+        self.stats.engine_calls += 1
+        self.stats.sequences_generated += len(batch)
+        for r, result in zip(batch, results, strict=True):
+            if not r.future.done():
+                r.future.set_result(result)
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)
@@ -370,22 +455,33 @@ class Collector:
         self.last_stats = stats
         started = time.perf_counter()
         clock = _EnvClock()
-        live = [len(tasks) * group_size]
-        batcher = _Batcher(self.engine, self.config, stats, lambda: live[0])
+        n = len(tasks) * group_size
+        cohorts = [cohort_of(i, n, self.config.cohorts) for i in range(n)]
+        batcher = _Batcher(
+            self.engine, self.config, stats, [cohorts.count(c) for c in range(max(cohorts, default=0) + 1)]
+        )
         pool = ThreadPoolExecutor(max_workers=self.config.env_workers, thread_name_prefix="env")
         server = asyncio.create_task(batcher.run())
 
-        async def one(g: int, s: int, task: ResetArgs) -> Trajectory:
+        async def one(i: int, g: int, s: int, task: ResetArgs) -> Trajectory:
             try:
-                return await self._episode(g, s, task, call_seed, batcher, pool, clock)
+                episode = _Episode(
+                    self, Trajectory(f"{call_seed}-{g}-{s}", g, s, json_safe(task)), batcher, pool, clock
+                )
+                episode.cohort = cohorts[i]
+                return await episode.play(task, turn_seeds=(call_seed, g, s))
             finally:
-                live[0] -= 1
-                batcher._wake.set()  # fewer live episodes may complete a waiting batch
+                batcher.finished(cohorts[i])  # a batch waiting for this episode may be complete
                 if on_episode is not None:
                     on_episode()
 
         try:
-            episodes = [one(g, s, task) for g, task in zip(groups, tasks) for s in range(group_size)]
+            pairs = [(g, task) for g, task in zip(groups, tasks, strict=True)]
+            episodes = [
+                one(k * group_size + s, g, s, task)
+                for k, (g, task) in enumerate(pairs)
+                for s in range(group_size)
+            ]
             # Let every episode finish (and close its env) before an engine error is raised.
             results = await asyncio.gather(*episodes, return_exceptions=True)
             errors = [r for r in results if isinstance(r, BaseException)]
@@ -429,22 +525,6 @@ class Collector:
         traj.num_tool_tokens += n
         traj.check()
 
-    # ------------------------------------------------------------------ one episode
-    async def _episode(
-        self,
-        g: int,
-        s: int,
-        task: ResetArgs,
-        call_seed: int,
-        batcher: _Batcher,
-        pool: ThreadPoolExecutor,
-        clock: _EnvClock,
-    ) -> Trajectory:
-        episode = _Episode(
-            self, Trajectory(f"{call_seed}-{g}-{s}", g, s, json_safe(task)), batcher, pool, clock
-        )
-        return await episode.play(task, turn_seeds=(call_seed, g, s))
-
 
 class _Episode:
     """One episode, read as its loop: open (make + reset + prompt), then per turn a policy turn (sample
@@ -470,6 +550,8 @@ class _Episode:
         """This episode's renderer: with the env's tool schemas when it listed them natively."""
         self.limit = 0
         """Prompt + response tokens this episode may reach (the budget and the engine's context)."""
+        self.cohort = 0
+        """Which lock-step cohort's batches this episode's turns join (CollectorConfig.cohorts)."""
 
     async def play(self, task: ResetArgs, turn_seeds: tuple[int, int, int]) -> Trajectory:
         started = time.perf_counter()
@@ -537,7 +619,8 @@ class _Episode:
         sampling = self.config.sampling
         params = sampling.with_(max_new_tokens=min(sampling.max_new_tokens, room), seed=seed)
         t0 = time.perf_counter()
-        completion = await self.batcher.generate(self.traj.prompt_ids + self.traj.response_ids, params)
+        prompt = self.traj.prompt_ids + self.traj.response_ids
+        completion = await self.batcher.generate(prompt, params, self.cohort)
         t1 = time.perf_counter()
         self.timings["generate_wait"] += t1 - t0
         Collector._append_policy(self.traj, completion)

@@ -210,7 +210,7 @@ def test_waiting_sequences_are_batched_and_env_steps_overlap(tokenizer: Any) -> 
 
     engine = scripted(tokenizer)
     collector = Collector(
-        engine, tokenizer, lambda: SlowEnv(episode_turns=2), CollectorConfig(batch_wait_s=0.05)
+        engine, tokenizer, lambda: SlowEnv(episode_turns=2), CollectorConfig(batch_wait_s=0.05, cohorts=1)
     )
     trajs = collector.collect([1, 2, 3, 4], group_size=2)
     env_total = sum(t.timings["env"] for t in trajs)
@@ -298,12 +298,14 @@ def test_engine_failure_propagates_and_closes_envs(tokenizer: Any) -> None:
     assert len(envs) == 4 and all(env.closed for env in envs)
 
 
+@pytest.mark.parametrize("cohorts", [1, 2])
 def test_deterministic_batching_does_not_depend_on_env_timing(
-    hf_engine: Any, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+    hf_engine: Any, tokenizer: Any, monkeypatch: pytest.MonkeyPatch, cohorts: int
 ) -> None:
     """Two collects with one seed while tool calls take random, different times: the same engine
     calls (same rows in the same order), hence bit-identical tokens and log-probs. Batched float
-    arithmetic depends on who shares a batch, so this is what makes a run reproducible."""
+    arithmetic depends on who shares a batch, so this is what makes a run reproducible. With two
+    cohorts the calls alternate between the cohorts' halves, still in a fixed order."""
     import random
 
     jitter = random.Random()  # unseeded on purpose: timings differ between the two collects
@@ -322,7 +324,10 @@ def test_deterministic_batching_does_not_depend_on_env_timing(
 
     monkeypatch.setattr(hf_engine, "generate", recording)
     config = CollectorConfig(
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=8), max_turns=3, max_total_tokens=400
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=8),
+        max_turns=3,
+        max_total_tokens=400,
+        cohorts=cohorts,
     )
     assert config.deterministic  # the default
     runs = []
@@ -333,7 +338,7 @@ def test_deterministic_batching_does_not_depend_on_env_timing(
         )
         runs.append(([list(c) for c in calls], [(t.response_ids, t.log_probs) for t in trajs]))
     (calls_a, trajs_a), (calls_b, trajs_b) = runs
-    assert len(calls_a) == 3 and [len(c) for c in calls_a] == [6, 6, 6]  # lock-step turns
+    assert [len(c) for c in calls_a] == [6 // cohorts] * (3 * cohorts)  # lock-step turns per cohort
     assert calls_a == calls_b
     assert trajs_a == trajs_b
 
