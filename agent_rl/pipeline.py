@@ -16,9 +16,10 @@ What makes it correct:
   correction of agent_rl.offpolicy (`algo.is_correction`, 'token' by default under pipelining)
   reweights stale samples by p_current / p_sampler.
 
-Cost: the two threads share the GIL. With a tiny model (microsecond ops, each releasing and
-re-taking it) on an oversubscribed CPU the hand-overs can slow both sides far more than the overlap
-saves (benchmarks/async_bench.py, docs/async.md); Ray rollout workers run in their own processes.
+Cost: the two threads share the GIL and the cores. With cores free, a pipelined step costs about
+max(rollout, update) (1.4-1.8x faster than synchronous, hf/vllm/ray); on an oversubscribed CPU each
+side slows down and the gain can vanish (benchmarks/async_bench.py, docs/async.md); Ray rollout
+workers run in their own processes.
 
 Not covered: more than one batch in flight (async_steps > 1), and partial rollouts that switch
 weights mid-episode (AReaL-style); the whole batch is sampled with one version.

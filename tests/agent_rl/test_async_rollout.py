@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -262,3 +265,151 @@ def test_too_stale_samples_are_dropped_before_the_update(tiny_model_dir: Path, t
     assert metrics["async/dropped_stale"] == samples and metrics["async/staleness_max"] == 6.0
     assert metrics.get("train/skipped_step") == 1.0 and "losses/loss" not in metrics
     assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
+
+# ------------------------------------------------------------------------ the in-process vLLM engine
+class UpdateGate:
+    """Orders a pipelined collection's engine calls around the concurrent update.
+
+    Why: whether a premature weight publish (one before the collection in flight is joined) reaches
+    the sampler depends on timing, and the tiny model's episodes are one engine call each. The gate
+    makes it certain. Each background engine call is split in two: the first prompt is sampled while
+    the update runs (the update starts only once that call has begun, so vLLM really samples while
+    the main thread runs torch); the rest waits until the update has ended plus GRACE_S, time in
+    which a premature publish lands. A trainer that publishes only after the join passes unaffected
+    (vLLM seeds each request, so splitting a call does not change what it samples).
+    """
+
+    GRACE_S = 0.3
+
+    def __init__(self, trainer: Trainer) -> None:
+        assert trainer.prefetch is not None, "a pipelined trainer (rollout.async_steps=1)"
+        self.cond = threading.Condition()
+        self.started = self.finished = self.overlapped = self.after_update = 0
+        """Updates begun and ended; background engine calls begun during and after an update."""
+        self._target: int | None = None  # while a collection is in flight: the update beside it
+        self._first = False  # the collection in flight has not made its first engine call yet
+        self._submit, self._learn = trainer.prefetch.submit, trainer._learn
+        self._generate = trainer.sampler.generate
+        trainer.prefetch.submit = self.submit  # type: ignore[method-assign]
+        trainer._learn = self.learn  # type: ignore[method-assign]
+        trainer.sampler.generate = self.generate  # type: ignore[method-assign]
+
+    def submit(self, job: Callable[[], Collected]) -> None:
+        def ahead() -> Collected:
+            try:
+                return job()
+            finally:
+                self._target = None
+
+        with self.cond:  # set before the update starts: the trainer submits first
+            self._target, self._first = self.finished + 1, True
+        self._submit(ahead)
+
+    def learn(self, trajs: list[Trajectory]) -> dict[str, float]:
+        with self.cond:
+            self.started += 1
+            self.cond.notify_all()
+            if self._target is not None:  # update once the collection's first call is under way
+                assert self.cond.wait_for(lambda: not self._first, timeout=120)
+        try:
+            return self._learn(trajs)
+        finally:
+            with self.cond:
+                self.finished += 1
+                self.cond.notify_all()
+
+    def generate(self, prompts: list[Any], params: Any) -> list[Any]:
+        target = self._target
+        if target is None:
+            return self._generate(prompts, params)  # synchronous collections and evaluations
+        head: list[Any] = []
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.started >= target, timeout=120)
+            first, self._first = self._first, False
+            self.cond.notify_all()
+        if first and len(prompts) > 1:  # sample one prompt during the update
+            self.overlapped += 1
+            split = (params[:1], params[1:]) if isinstance(params, list) else (params, params)
+            head = self._generate(prompts[:1], split[0])
+            prompts, params = prompts[1:], split[1]
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.finished >= target, timeout=120)
+        if first:
+            self.after_update += 1
+            time.sleep(self.GRACE_S)
+        return head + self._generate(prompts, params)
+
+
+class PublishesBeforeTheJoin(Trainer):
+    """The bug the vLLM test must catch: new weights reach the sampler while it still collects."""
+
+    def _learn(self, trajs: list[Trajectory]) -> dict[str, float]:
+        metrics = super()._learn(trajs)
+        self.publish_weights()
+        return metrics
+
+
+VLLM_TOLERANCE = 1e-3
+"""Max |vLLM - transformers| log-prob over a batch's policy tokens, float32 (as in test_train.py)."""
+
+
+def _pipelined_vllm_run(cfg: Any, trainer_cls: type[Trainer]) -> dict[str, Any]:
+    """3 gated pipelined steps; returns the logged rows, the batches, the weights after each
+    update (v0 = warmed up) and the gate's counts."""
+    trainer = trainer_cls(cfg)
+    assert type(trainer.sampler).__name__ == "VLLMEngine"
+    gate = UpdateGate(trainer)
+    trainer.warmup()
+    weights, rows = [copy.deepcopy(trainer.model)], []
+    try:
+        for _ in range(3):
+            rows.append(trainer.rl_step())
+            trainer.step += 1
+            weights.append(copy.deepcopy(trainer.model))
+    finally:
+        trainer.prefetch.close()
+    files = sorted((cfg.run_dir / "rollouts").glob("step_*.jsonl"))
+    batches = [read_trajectories(f) for f in files]
+    pad = trainer.tokenizer.pad_token_id
+    gaps = [[_sampler_logprob_gap(w, b, pad) for w in weights[:3]] for b in batches]
+    return {"rows": rows, "batches": batches, "gaps": gaps, "gate": gate, "trainer": trainer}
+
+
+def _check_sampled_by_previous_weights(gaps: list[list[float]]) -> None:
+    """Batch 2 was sampled by v0 (not v1), batch 3 by v1 (not v2): the learner had moved on."""
+    for batch, sampler in ((1, 0), (2, 1)):
+        assert gaps[batch][sampler] < VLLM_TOLERANCE, (batch, gaps[batch])
+        assert gaps[batch][sampler + 1] > 10 * VLLM_TOLERANCE, (batch, gaps[batch])
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer_cls", [Trainer, PublishesBeforeTheJoin], ids=["correct", "mutant"])
+def test_pipelined_vllm_engine_samples_the_previous_weights_while_the_learner_updates(
+    tiny_model_dir: Path, tmp_path: Path, trainer_cls: type[Trainer]
+) -> None:
+    """rollout.engine=vllm, 3 pipelined steps: vLLM (its own weights, its own thread) samples step
+    t+1 while the main thread updates, with the weights published after step t-1. The sampler
+    log-probs of batches 2 and 3 match a recompute under v0 and v1 and differ from v1 and v2.
+    The mutant publishes right after the update, before the join: the same check must reject it."""
+    if os.environ.get("CI") != "true":
+        pytest.importorskip("vllm")
+    extra = [*ASYNC, "rollout.engine=vllm", "train.steps=3", "train.lr=1e-2", "algo.entropy_coef=0.05"]
+    got = _pipelined_vllm_run(_cfg(tiny_model_dir, tmp_path, "vllm", extra), trainer_cls)
+    gate, rows = got["gate"], got["rows"]
+    assert gate.overlapped == gate.after_update == 2  # both background collections were split
+    if trainer_cls is PublishesBeforeTheJoin:
+        with pytest.raises(AssertionError):
+            _check_sampled_by_previous_weights(got["gaps"])
+        return
+    assert [{t.policy_version for t in b} for b in got["batches"]] == [{0}, {0}, {1}]
+    assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
+    assert all(r["async/dropped_stale"] == 0.0 for r in rows)
+    assert got["trainer"].policy_version == got["trainer"].sampler_version == 3
+    assert got["gaps"][0][0] < VLLM_TOLERANCE  # the first batch: synchronous, fresh weights
+    _check_sampled_by_previous_weights(got["gaps"])
+    # token-mode correction: ratio ~1 on the fresh batch, visibly not 1 on the stale ones
+    assert abs(rows[0]["offpolicy/ratio_max"] - 1) < VLLM_TOLERANCE
+    for r in rows[1:]:
+        assert max(abs(r["offpolicy/ratio_max"] - 1), abs(r["offpolicy/ratio_min"] - 1)) > 10 * VLLM_TOLERANCE
