@@ -142,6 +142,12 @@ class CollectStats:
     bookkeeping_s: float = 0.0
     """Time in the collector's own token work: prompts, chat deltas, decoding, checks."""
 
+    def finish(self, wall_s: float, env_busy_s: float, trajectories: Sequence[Trajectory]) -> None:
+        """Close the books of one collect()."""
+        self.wall_s, self.env_busy_s = wall_s, env_busy_s
+        self.env_s = sum(t.timings.get("env", 0.0) for t in trajectories)
+        self.policy_tokens = sum(t.num_policy_tokens for t in trajectories)
+
     def as_metrics(self) -> dict[str, float]:
         calls = max(self.engine_calls, 1)
         return {
@@ -347,6 +353,21 @@ class _EnvClock:
             self.busy_s += time.perf_counter() - self.busy_since
 
 
+def _checked_groups(
+    tasks: Sequence[ResetArgs], group_size: int, group_ids: Sequence[int] | None
+) -> list[int]:
+    """The group id of each task, after rejecting a bad group size, group ids or task (before any
+    env is built, so bad input costs nothing)."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    groups = list(range(len(tasks)) if group_ids is None else group_ids)
+    if len(groups) != len(tasks):
+        raise ValueError(f"{len(tasks)} tasks but {len(groups)} group ids")
+    for task in tasks:
+        _reset_args(task)
+    return groups
+
+
 class Collector:
     """Collects multi-turn trajectories: `Collector(engine, tokenizer, env_factory, config).collect(tasks, N)`.
 
@@ -442,13 +463,7 @@ class Collector:
         group_ids: Sequence[int] | None = None,
         on_episode: Callable[[], None] | None = None,
     ) -> list[Trajectory]:
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
-        groups = list(range(len(tasks)) if group_ids is None else group_ids)
-        if len(groups) != len(tasks):
-            raise ValueError(f"{len(tasks)} tasks but {len(groups)} group ids")
-        for task in tasks:
-            _reset_args(task)  # reject malformed tasks before any env is built
+        groups = _checked_groups(tasks, group_size, group_ids)
         call_seed = self.config.seed + self._calls if seed is None else seed
         self._calls += 1
         stats = CollectStats()
@@ -457,9 +472,8 @@ class Collector:
         clock = _EnvClock()
         n = len(tasks) * group_size
         cohorts = [cohort_of(i, n, self.config.cohorts) for i in range(n)]
-        batcher = _Batcher(
-            self.engine, self.config, stats, [cohorts.count(c) for c in range(max(cohorts, default=0) + 1)]
-        )
+        sizes = [cohorts.count(c) for c in range(max(cohorts, default=0) + 1)]
+        batcher = _Batcher(self.engine, self.config, stats, sizes)
         pool = ThreadPoolExecutor(max_workers=self.config.env_workers, thread_name_prefix="env")
         server = asyncio.create_task(batcher.run())
 
@@ -476,11 +490,9 @@ class Collector:
                     on_episode()
 
         try:
-            pairs = [(g, task) for g, task in zip(groups, tasks, strict=True)]
+            pairs = enumerate(zip(groups, tasks, strict=True))
             episodes = [
-                one(k * group_size + s, g, s, task)
-                for k, (g, task) in enumerate(pairs)
-                for s in range(group_size)
+                one(k * group_size + s, g, s, task) for k, (g, task) in pairs for s in range(group_size)
             ]
             # Let every episode finish (and close its env) before an engine error is raised.
             results = await asyncio.gather(*episodes, return_exceptions=True)
@@ -499,10 +511,7 @@ class Collector:
             release = getattr(self.engine, "release_cache", None)
             if callable(release):  # this call's episodes are over: their kept KV can go
                 release()
-        stats.wall_s = time.perf_counter() - started
-        stats.env_busy_s = clock.busy_s
-        stats.env_s = sum(t.timings.get("env", 0.0) for t in trajectories)
-        stats.policy_tokens = sum(t.num_policy_tokens for t in trajectories)
+        stats.finish(time.perf_counter() - started, clock.busy_s, trajectories)
         return trajectories
 
     @staticmethod
