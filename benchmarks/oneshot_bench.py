@@ -151,17 +151,21 @@ def start_server(group: CpuGroup, oneshot: str) -> tuple[subprocess.Popen[bytes]
     env = {**os.environ, "SANDBOX_ONESHOT": oneshot, "SANDBOX_POOL_SIZE": pool}
     argv = ["nice", "-n", "19", sys.executable, "-m", "sandbox", "serve", "--port", str(port)]
     proc = group.in_group(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    return proc, wait_ready(proc, f"http://127.0.0.1:{port}", "/readyz", 120, f"the {oneshot} server")
+
+
+def wait_ready(proc: subprocess.Popen[bytes], url: str, probe: str, timeout_s: float, name: str) -> str:
+    """url once GET url+probe answers 200; kill proc and stop the benchmark if it dies or times out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                return proc, url
+            if httpx.get(url + probe, timeout=2).status_code == 200:
+                return url
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
     proc.kill()
-    raise SystemExit(f"the {oneshot} server did not become ready")
+    raise SystemExit(f"{name} did not become ready")
 
 
 def sandboxfusion_paths(checkout: str | None) -> tuple[Path, Path] | None:
@@ -195,17 +199,7 @@ def start_sandboxfusion(group: CpuGroup, root: Path, python: Path) -> tuple[subp
     argv = ["nice", "-n", "19", str(python), "-m", "uvicorn", "sandbox.server.server:app"]
     argv += ["--host", "127.0.0.1", "--port", str(port)]
     proc = group.in_group(argv, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(url + "/v1/ping", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("the SandboxFusion server did not become ready")
+    return proc, wait_ready(proc, f"http://127.0.0.1:{port}", "/v1/ping", 180, "the SandboxFusion server")
 
 
 def http_cell(system: str, url: str, group: CpuGroup, conc: int, seconds: float) -> Cell:

@@ -106,15 +106,18 @@ def draw(probs: torch.Tensor, generator: torch.Generator, threshold: float = 0.0
     row needs no masked copy (a nucleus holds >= top_p of the mass, so ~1 draw per token). The sum
     is in float64 so the CDF does not drift over 152k terms; zero-probability tokens are never drawn.
     """
-    for attempt in range(MAX_REJECTIONS + 1):
-        if attempt == 0 or attempt == MAX_REJECTIONS:
-            row = probs if attempt == 0 else probs * (probs >= threshold)
-            cdf = row.double().cumsum(dim=0)  # (V,)
-        u = torch.rand((1,), generator=generator, dtype=torch.float64) * cdf[-1]
-        index = min(int(torch.searchsorted(cdf, u, right=True)), probs.shape[0] - 1)
+    cdf = probs.double().cumsum(dim=0)  # (V,)
+    for _ in range(MAX_REJECTIONS):
+        index = _inverse_cdf(cdf, generator)
         if probs[index] >= threshold:
             return index
-    raise AssertionError("unreachable: the last draw is from the nucleus alone")
+    return _inverse_cdf((probs * (probs >= threshold)).double().cumsum(dim=0), generator)
+
+
+def _inverse_cdf(cdf: torch.Tensor, generator: torch.Generator) -> int:
+    """The first index whose cumulative mass exceeds a uniform draw over the total."""
+    u = torch.rand((1,), generator=generator, dtype=torch.float64) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, u, right=True)), cdf.shape[0] - 1)
 
 
 def sample_tokens(
