@@ -95,23 +95,26 @@ def _stats_by_row_block(
     One exp pass serves all three statistics: with z' = z - max z and e = exp(z') (so e <= 1),
     s = sum e, logsumexp(z) = max + log s, log p = z' - log s, H = log s - sum e z' / s and
     sum p^2 = sum e^2 / s^2 = exp(logsumexp(2z) - 2 logsumexp(z)), none of which can overflow.
-    Each row's arithmetic is the same whatever the block size. z is overwritten.
+    Entropy and sum p^2 are reductions over the block while it is in cache (no pass writes a
+    buffer), so they add little to the plain log-probs. Each row's arithmetic is the same whatever
+    the block size. z is overwritten.
     """
     rows = _row_block(z)
+    e_buffer = torch.empty_like(z[:rows])  # (b, V) the only other buffer: one row block, reused
     for first in range(0, z.shape[0], rows):
         block = slice(first, first + rows)
         zb = z[block]  # (b, V) a view of the chunk
         z_max = zb.amax(dim=-1, keepdim=True)  # (b, 1)
         shifted = zb.sub_(z_max)  # (b, V) in place: z' <= 0
-        e = shifted.exp()  # (b, V) the only other buffer, one row block
+        e = torch.exp(shifted, out=e_buffer[: zb.shape[0]])  # (b, V)
         total = e.sum(-1)  # (b,)
         log_total = total.log()  # (b,)
         lse[block] = z_max.squeeze(1) + log_total
         log_probs[block] = shifted.gather(1, target[block]).squeeze(1) - log_total
         if sum_p2 is not None:
-            sum_p2[block] = torch.linalg.vector_norm(e, dim=-1).square() / total.square()
+            sum_p2[block] = torch.linalg.vecdot(e, e) / total.square()
         if entropy is not None:
-            entropy[block] = log_total - shifted.mul_(e).sum(-1) / total  # in place: no third buffer
+            entropy[block] = log_total - torch.linalg.vecdot(e, shifted) / total
 
 
 def _logit_grads_by_row_block(
@@ -124,24 +127,27 @@ def _logit_grads_by_row_block(
 ) -> torch.Tensor:
     """d loss / d z for the rows of the tempered logits z, written into z, a block of rows at a time.
 
-    d log p(y) / dz = e_y - p ;  d H / dz = -p (log p + H). Returns z (now the gradient).
+    With g and h the incoming gradients of log p(y) and H: d log p(y) / dz = onehot(y) - p and
+    dH / dz = -p (log p + H), so the sum is p * (-h log p - (h H + g)) + g onehot(y), three
+    in-place passes after the exp. Returns z (now the gradient).
     """
     rows = _row_block(z)
+    p_buffer = torch.empty_like(z[:rows]) if grad_entropy is not None else None
     for first in range(0, z.shape[0], rows):
         block = slice(first, first + rows)
         log_p = z[block].sub_(lse[block, None])  # (b, V) in place
-        g_lp = grad_log_probs[block, None] if grad_log_probs is not None else None  # (b, 1)
-        if entropy is not None and grad_entropy is not None:
-            p = log_p.exp()  # (b, V) one row block
-            grad_z = log_p.add_(entropy[block, None]).mul_(p).mul_(-grad_entropy[block, None])
-            if g_lp is not None:
-                grad_z.sub_(p.mul_(g_lp))
-        elif g_lp is not None:
-            grad_z = log_p.exp_().mul_(-g_lp)  # in place: p itself is not needed
+        g = grad_log_probs[block, None] if grad_log_probs is not None else None  # (b, 1)
+        if grad_entropy is not None:
+            h = grad_entropy[block, None]  # (b, 1)
+            p = torch.exp(log_p, out=p_buffer[: log_p.shape[0]])  # (b, V)
+            offset = h * entropy[block, None] + (g if g is not None else 0.0)  # (b, 1)
+            grad_z = log_p.mul_(-h).sub_(offset).mul_(p)
+        elif g is not None:
+            grad_z = log_p.exp_().mul_(-g)  # in place: p itself is not needed
         else:
             grad_z = log_p.zero_()
-        if g_lp is not None:
-            grad_z.scatter_add_(1, target[block], g_lp)
+        if g is not None:
+            grad_z.scatter_add_(1, target[block], g)
     return z
 
 
@@ -164,15 +170,9 @@ def _forward_chunks(
     for start in range(0, n, chunk_size):
         end = min(start + chunk_size, n)
         z = _chunk_logits(hidden[start:end], weight, bias, temperature)  # (C, V)
-        target = targets[start:end, None]  # (C, 1)
-        if not (with_entropy or with_sum_pi_squared):
-            lse = torch.logsumexp(z, dim=-1)  # (C,)
-            log_probs[start:end] = z.gather(1, target).squeeze(1) - lse
-            lse_all[start:end] = lse
-            continue
         _stats_by_row_block(
             z,
-            target,
+            targets[start:end, None],
             lse_all[start:end],
             log_probs[start:end],
             entropy[start:end] if with_entropy else None,
@@ -195,12 +195,14 @@ class _ChunkedHeadStats(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
         ctx.mark_non_differentiable(sum_p2)
+        ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
         return log_probs, entropy, sum_p2
 
     @staticmethod
     def backward(ctx, grad_log_probs, grad_entropy, _grad_sum_p2):
         hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
         temperature, chunk_size = ctx.temperature, ctx.chunk_size
+        # Entropy as a metric only (entropy_coef = 0) gets no gradient: its backward is skipped.
         use_entropy = ctx.with_entropy and grad_entropy is not None
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         grad_hidden = torch.empty_like(hidden) if need_h else None

@@ -82,6 +82,15 @@ def plain_log_probs(hidden, weight, targets, chunk_size):
     ).log_probs
 
 
+def torch_logsumexp(hidden, weight, targets, chunk_size):
+    """The textbook plain pass, torch's own kernels per chunk: a reference for how fast "plain" is."""
+    out = []
+    for start in range(0, hidden.shape[0], chunk_size):
+        z = (hidden[start : start + chunk_size] @ weight.T).float()  # (C, V)
+        out.append(z.gather(1, targets[start : start + chunk_size, None]).squeeze(1) - torch.logsumexp(z, -1))
+    return torch.cat(out)
+
+
 def entropy_only(hidden, weight, targets, chunk_size):
     s = token_stats_from_hidden(hidden, weight, targets, chunk_size=chunk_size, with_sum_pi_squared=False)
     return s.log_probs, s.entropy
@@ -163,14 +172,16 @@ def time_backbone(cfg: BenchConfig) -> None:
     head = model.get_output_embeddings().weight
     backbone = model.get_decoder()
 
-    def run(stats_fn, grad: bool):
+    def run(stats_fn, grad: bool, entropy_bonus: bool = False):
+        """entropy_bonus: backpropagate the entropy too (entropy_coef > 0); otherwise it is a metric."""
+
         def go():
             with torch.set_grad_enabled(grad):
                 hidden = backbone(input_ids=ids[:, :-1], use_cache=False).last_hidden_state  # (B, T, H)
                 out = stats_fn(hidden.reshape(-1, cfg.hidden), head, ids[:, 1:].reshape(-1), cfg.chunk_size)
                 if grad:
                     first = out[0] if isinstance(out, tuple) else out
-                    loss = first.sum() + (out[1].sum() * 0.01 if isinstance(out, tuple) else 0.0)
+                    loss = first.sum() + (out[1].sum() * 0.01 if entropy_bonus else 0.0)
                     loss.backward()
                     model.zero_grad(set_to_none=True)
 
@@ -191,19 +202,24 @@ def time_backbone(cfg: BenchConfig) -> None:
 
         return go
 
-    for grad, label in ((False, "no-grad old-log-prob pass"), (True, "training pass: forward + backward")):
-        times = interleaved(
-            {
-                "plain: backbone + log-probs": run(plain_log_probs, grad),
-                "backbone + log-probs + entropy": run(entropy_only, grad),
-                "backbone + all stats (+sum p^2)": run(all_stats, grad),
-                "naive: model logits + softmax": naive_go(grad),
-            },
-            cfg.repeats,
-        )
+    no_grad = {
+        "plain: backbone + log-probs": run(plain_log_probs, False),
+        "backbone + log-probs + entropy": run(entropy_only, False),
+        "backbone + all stats (+sum p^2)": run(all_stats, False),
+        "naive: model logits + softmax": naive_go(False),
+    }
+    # The learner's update takes log-probs and entropy (sum p^2 comes from the no-grad pass); the
+    # entropy is a logged metric unless algo.entropy_coef > 0, and only then is it backpropagated.
+    training = {
+        "plain: backbone + log-probs": run(plain_log_probs, True),
+        "+ entropy as a metric (coef 0)": run(entropy_only, True),
+        "+ entropy bonus (coef > 0)": run(entropy_only, True, entropy_bonus=True),
+        "naive: model logits + softmax": naive_go(True),
+    }
+    for fns, label in ((no_grad, "no-grad old-log-prob pass"), (training, "training pass: forward + backward")):
         print_time_table(
             f"Time, {label} (Qwen2 {cfg.layers}L h{cfg.hidden} V{cfg.vocab}, N={cfg.tokens})",
-            times,
+            interleaved(fns, cfg.repeats),
             "plain: backbone + log-probs",
         )
 
@@ -214,6 +230,7 @@ def time_head(cfg: BenchConfig) -> None:
         times = interleaved(
             {
                 "plain: chunked log-probs": lambda: plain_log_probs(hidden, weight, targets, cfg.chunk_size),
+                "torch logsumexp + gather, chunked": lambda: torch_logsumexp(hidden, weight, targets, cfg.chunk_size),
                 "chunked log-probs + entropy": lambda: entropy_only(hidden, weight, targets, cfg.chunk_size),
                 "chunked all stats (+sum p^2)": lambda: all_stats(hidden, weight, targets, cfg.chunk_size),
                 "naive full logits, all stats": lambda: naive_stats(hidden, weight, targets),

@@ -264,3 +264,32 @@ def test_row_blocks_give_the_whole_chunk_results(monkeypatch, rows, use):
     expected = (lp, sp2) if use == "no_entropy" else (lp, ent, sp2)
     for got, want in zip(blocked[: len(expected)], expected, strict=True):
         torch.testing.assert_close(got.detach(), want, atol=1e-5, rtol=0)
+
+
+def test_entropy_used_only_as_a_metric_costs_no_backward(monkeypatch):
+    """The learner always takes the entropy (a logged metric) but backpropagates it only when
+    entropy_coef > 0. An output the loss does not use must reach backward as None, not as a
+    tensor of zeros, or the head computes the entropy's gradient (-p (log p + H), an extra pass
+    over every logit) for nothing."""
+    from agent_rl import logprobs
+
+    seen: list[bool] = []
+    original = logprobs._logit_grads_by_row_block
+
+    def spy(z, target, lse, grad_log_probs, entropy, grad_entropy):
+        seen.append(grad_entropy is not None)
+        return original(z, target, lse, grad_log_probs, entropy, grad_entropy)
+
+    monkeypatch.setattr(logprobs, "_logit_grads_by_row_block", spy)
+    hidden, weight, b, targets = make_head(seed=6)
+    stats = token_stats_from_hidden(hidden, weight, targets, bias=b, chunk_size=9)
+    metric = stats.entropy.mean().item()  # logged, not in the loss
+    got = torch.autograd.grad(stats.log_probs.sum(), (hidden, weight, b))
+    assert seen == [False] * 3 and metric > 0
+    lp, _, _ = naive_stats(hidden, weight, targets, b)
+    for g, w in zip(got, torch.autograd.grad(lp.sum(), (hidden, weight, b)), strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    seen.clear()
+    stats = token_stats_from_hidden(hidden, weight, targets, bias=b, chunk_size=9)
+    torch.autograd.grad(stats.log_probs.sum() + 0.1 * stats.entropy.sum(), (hidden, weight, b))
+    assert seen == [True] * 3
