@@ -549,6 +549,20 @@ def print_turn_cost(rows: list[TurnCost], cfg: BenchConfig, tool_tokens: int, tu
     )
 
 
+def pin_thread(cpu: int) -> None:
+    """Pin the calling thread (and the threads and processes it starts from now on) to one CPU.
+
+    Why --pin: on this 2-core box the sandbox's processes otherwise take the engine's core, which
+    shows as engine time (desched), not as collector overhead a GPU node would have. Pinned, the
+    engine and the collector's threads share CPU 0 and every sandbox process runs on CPU 1, as
+    with a GPU engine whose sandbox runs on the host's cores: what is left is the collector's own
+    cost (waiting on tools, batching, bookkeeping).
+    """
+    if not hasattr(os, "sched_setaffinity") or cpu >= (os.cpu_count() or 1):
+        raise SystemExit(f"--pin needs Linux and at least 2 CPUs (has {os.cpu_count()})")
+    os.sched_setaffinity(0, {cpu})  # pid 0: the calling thread only
+
+
 def modes(cfg: BenchConfig) -> list[str]:
     """The batching rows to run: 'lockstep/K' per cohort count (deterministic), then 'arrival'."""
     out = [f"lockstep/{k}" for k in cfg.cohorts] if "deterministic" in cfg.batching else []
@@ -580,6 +594,11 @@ def main(argv: list[str] | None = None) -> int:
         default=list(BenchConfig.cohorts),
         help="deterministic: cohorts to run",
     )
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="engine and collector on CPU 0, sandbox workers on CPU 1 (as a GPU node keeps them apart)",
+    )
     p.add_argument("--turn-cost", action="store_true", help="measure per-turn cost vs turn index instead")
     p.add_argument("--tool-tokens", type=int, default=32, help="--turn-cost: new prompt/tool ids per turn")
     p.add_argument("--turn-tokens", type=int, default=32, help="--turn-cost: sampled tokens per turn")
@@ -609,11 +628,16 @@ def main(argv: list[str] | None = None) -> int:
         print_turn_cost(rows, cfg, args.tool_tokens, args.turn_tokens)
         return 0
     sandbox = None
+    if args.pin:
+        pin_thread(1)  # the sandbox's workers and its pool's threads inherit CPU 1 from here
     if "sandbox" in cfg.envs:
         from sandbox import LocalSandbox
 
         # One warm worker per concurrent episode, as a deployment sized for its batch would have.
         sandbox = LocalSandbox(pool_size=cfg.tasks * cfg.group_size)
+    if args.pin:
+        pin_thread(0)  # this thread (the engine's) and the collector's threads made from it
+    print(f"CPU affinity: {'engine + collector on CPU 0, sandbox on CPU 1' if args.pin else 'none (shared cores)'}")
     rows = []
     try:
         for engine_name in cfg.engines:
