@@ -36,7 +36,9 @@ Envs: "scripted" replies instantly; "sandbox" runs one real cell per turn in a L
 session (bubblewrap when installed), the default sandbox of our environments.
 
 Run:  python benchmarks/rollout_bench.py [--engines hf vllm] [--envs scripted sandbox]
-      [--tasks 8 --group-size 4 --turns 3 --max-new-tokens 32 --repeats 3]
+      [--tasks 8 --group-size 4 --turns 3 --max-new-tokens 32 --repeats 3] [--pin] [--stop-fraction 0.05]
+      --pin: the trainer's process on CPU 0, every sandbox process on CPU 1 (fair CPU accounting on a
+      2-core box: see pin_thread); --stop-fraction: turns of varying length (see BenchConfig).
       python benchmarks/rollout_bench.py --turn-cost [--engines hf vllm --tasks 8 --turns 16
       --tool-tokens 32 --turn-tokens 32 --repeats 3]
 """
@@ -90,6 +92,10 @@ class BenchConfig:
     batching: tuple[str, ...] = ("deterministic", "arrival")
     cohorts: tuple[int, ...] = (CollectorConfig.cohorts,)
     """CollectorConfig.cohorts values to run with deterministic batching (one row each)."""
+    stop_fraction: float = 0.0
+    """Fraction of the vocabulary that ends a turn (stop_token_ids). 0: every turn runs to
+    max_new_tokens, the bench model's habit; real turns end when the model closes its tool call,
+    at lengths that vary, so 0.05 (about 1 in 20 sampled tokens stops) is closer to practice."""
 
 
 # ---------------------------------------------------------------- envs
@@ -283,6 +289,13 @@ def make_engine(name: str, cfg: BenchConfig, path: str) -> Any:
     )
 
 
+def stop_ids(tokenizer: Any, fraction: float) -> list[int]:
+    """The first `fraction` of the vocabulary's ordinary ids (no special token), as stop ids."""
+    special = set(tokenizer.all_special_ids)
+    ordinary = [i for i in range(len(tokenizer)) if i not in special]
+    return ordinary[: round(fraction * len(ordinary))]
+
+
 def run_scenario(
     engine: Any, engine_name: str, env_name: str, batching: str, cfg: BenchConfig, sandbox: Any
 ) -> Row:
@@ -306,7 +319,11 @@ def measure(
     def factory() -> gymnasium.Env:
         return ScriptedEnv(cfg.turns) if env_name == "scripted" else SandboxEnv(cfg.turns, sandbox)
 
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens)
+    sampling = SamplingParams(
+        temperature=1.0,
+        max_new_tokens=cfg.max_new_tokens,
+        stop_token_ids=stop_ids(engine.tokenizer, cfg.stop_fraction),
+    )
     config = CollectorConfig(
         sampling=sampling,
         max_turns=cfg.turns,
@@ -314,8 +331,8 @@ def measure(
         max_tool_tokens=64,
         env_workers=cfg.tasks * cfg.group_size,
         batch_wait_s=cfg.batch_wait_s,
-        deterministic=batching != "arrival",
-        cohorts=int(batching.split("/")[1]) if batching != "arrival" else 1,
+        deterministic=batching.startswith("lockstep"),
+        cohorts=int(batching.split("/")[1]) if batching.startswith("lockstep") else 1,
     )
     collector = Collector(engine, engine.tokenizer, factory, config)
     tasks = list(range(cfg.tasks))
@@ -357,11 +374,12 @@ def print_table(rows: list[Row], cfg: BenchConfig) -> None:
     med = statistics.median
     print(
         f"\nrollout benchmark: B={cfg.tasks} x N={cfg.group_size}, {cfg.turns} turns, <= {cfg.max_new_tokens} new "
-        f"tokens/turn, {cfg.repeats} repeats (medians), torch threads {cfg.threads}, model {cfg.model_dir or 'bench'} "
+        f"tokens/turn (stop fraction {cfg.stop_fraction}), {cfg.repeats} repeats (medians), torch threads "
+        f"{cfg.threads}, model {cfg.model_dir or 'bench'} "
         f"(hidden {cfg.hidden}, {cfg.layers} layers)"
     )
     columns = [
-        ("engine", "<6"), ("env", "<9"), ("batching", "<13"), ("policy tok", ">10"), ("collector s", ">11"), ("raw gen s", ">9"),
+        ("engine", "<6"), ("env", "<9"), ("batching", "<16"), ("policy tok", ">10"), ("collector s", ">11"), ("raw gen s", ">9"),
         ("overhead", ">8"), ("best/best", ">9"), ("bookkeeping", ">11"), ("engine idle", ">11"),
         ("gen slowdown", ">12"), ("env share", ">9"), ("tok/s coll", ">10"), ("tok/s raw", ">9"),
         ("mean batch", ">10"), ("replay match", ">12"),
@@ -378,7 +396,7 @@ def print_table(rows: list[Row], cfg: BenchConfig) -> None:
             f"{tokens:.0f}",
             f"{wall:.3f}",
             f"{raw:.3f}",
-            f"{med([w / x - 1 for w, x in zip(r.wall, r.raw, strict=True)]):+.1%}",
+            f"{_overhead(r):+.1%}",
             f"{min(r.wall) / min(r.raw) - 1:+.1%}",
             f"{med([k / b for k, b in zip(r.bookkeeping, r.busy, strict=True)]):.1%}",
             f"{med([1 - b / w for b, w in zip(r.busy, r.wall, strict=True)]):.1%}",
@@ -413,9 +431,13 @@ def print_table(rows: list[Row], cfg: BenchConfig) -> None:
         if batching.startswith("lockstep/") and batching != "lockstep/1" and one is not None:
             print(
                 f"cohorts {engine}/{env}: {batching} / lockstep/1 collector wall = {med(r.wall) / med(one.wall):.2f}x, "
-                f"overhead {med(w / x - 1 for w, x in zip(r.wall, r.raw, strict=True)):+.1%} vs "
-                f"{med(w / x - 1 for w, x in zip(one.wall, one.raw, strict=True)):+.1%}"
+                f"overhead {_overhead(r):+.1%} vs {_overhead(one):+.1%}"
             )
+
+
+def _overhead(r: Row) -> float:
+    """Median over repeats of collector wall / raw generate time - 1."""
+    return statistics.median(w / x - 1 for w, x in zip(r.wall, r.raw, strict=True))
 
 
 def print_split(rows: list[Row]) -> None:
@@ -423,7 +445,7 @@ def print_split(rows: list[Row]) -> None:
     per-repeat values, so the parts need not add up exactly to the median overhead)."""
     med = statistics.median
     print(
-        f"\n{'engine':<6} {'env':<9} {'batching':<13} {'overhead':>8} {'idle':>7} {'work':>7} {'desched':>8} "
+        f"\n{'engine':<6} {'env':<9} {'batching':<16} {'overhead':>8} {'idle':>7} {'work':>7} {'desched':>8} "
         f"{'cpu/wall coll':>13} {'cpu/wall raw':>12}"
     )
     for r in rows:
@@ -432,7 +454,7 @@ def print_split(rows: list[Row]) -> None:
         work = med((bc - xc) / x for _, _, bc, x, xc in parts)
         desched = med(((b - bc) - (x - xc)) / x for _, b, bc, x, xc in parts)
         print(
-            f"{r.engine:<6} {r.env:<9} {r.batching:<13} {med((w - x) / x for w, _, _, x, _ in parts):>+8.1%} "
+            f"{r.engine:<6} {r.env:<9} {r.batching:<16} {med((w - x) / x for w, _, _, x, _ in parts):>+8.1%} "
             f"{idle:>+7.1%} {work:>+7.1%} {desched:>+8.1%} {med(bc / b for _, b, bc, _, _ in parts):>13.2f} "
             f"{med(xc / x for *_, x, xc in parts):>12.2f}"
         )
@@ -554,9 +576,11 @@ def pin_thread(cpu: int) -> None:
 
     Why --pin: on this 2-core box the sandbox's processes otherwise take the engine's core, which
     shows as engine time (desched), not as collector overhead a GPU node would have. Pinned, the
-    engine and the collector's threads share CPU 0 and every sandbox process runs on CPU 1, as
-    with a GPU engine whose sandbox runs on the host's cores: what is left is the collector's own
-    cost (waiting on tools, batching, bookkeeping).
+    trainer's process (engine and collector threads) runs on CPU 0 and every sandbox process on
+    CPU 1, as a GPU engine's sandbox runs on cores of its own: what is left is the collector's own
+    cost (waiting on tools, batching, bookkeeping) and its threads' share of the engine's core and
+    GIL. (Tried: the engine thread alone on CPU 0, collector and sandbox on CPU 1: the tools then
+    share a core with the collector's threads and the engine waits longer, +12% against +6%.)
     """
     if not hasattr(os, "sched_setaffinity") or cpu >= (os.cpu_count() or 1):
         raise SystemExit(f"--pin needs Linux and at least 2 CPUs (has {os.cpu_count()})")
@@ -594,6 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         default=list(BenchConfig.cohorts),
         help="deterministic: cohorts to run",
     )
+    p.add_argument("--stop-fraction", type=float, default=BenchConfig.stop_fraction, help="see BenchConfig")
     p.add_argument(
         "--pin",
         action="store_true",
@@ -619,6 +644,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_wait_s=args.batch_wait,
         batching=tuple(args.batching),
         cohorts=tuple(args.cohorts),
+        stop_fraction=args.stop_fraction,
     )
     path = model_dir(cfg)
     torch.set_num_threads(cfg.threads)
