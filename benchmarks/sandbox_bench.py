@@ -31,12 +31,14 @@ move a lot with that load, so compare rows of one run, never across runs):
     naive subprocess.run           8   155.749   501.377        42
     naive subprocess.run          64   631.787  1201.822        53
 
-A warm session is a pipe round trip to a running interpreter. A one-shot is a fresh worker:
-bubblewrap's namespaces (~5 ms of CPU), an interpreter start (~10 ms, the naive baseline's whole
-cost) and the host's side (~3 ms). The pool hides that latency only while it keeps ahead; under a
-sustained stream one-shots run at about naive's rate (0.4x-2x across runs). Beating it there needs
-a fork server (a warm interpreter forking per one-shot into fresh namespaces; a prototype measured
-~5 ms of CPU per one-shot), which is not done: see the pool's docstring for why.
+A warm session is a pipe round trip to a running interpreter. A one-shot over ``/v1/exec`` is a
+fresh pooled worker: bubblewrap's namespaces (~5 ms of CPU), an interpreter start (~10 ms, the
+naive baseline's whole cost) and the host's side (~3 ms); the pool hides that latency only while it
+keeps ahead, and every one-shot cell here starts from a full pool, so these rows show a burst's
+latency, not sustained capacity. ``/run_code`` (the table above predates it) is served by the
+fork server (sandbox/zygote.py): for its CPU per request and sustained requests/s against
+SandboxFusion and plain subprocess, each system in its own CPU cgroup, use
+benchmarks/oneshot_bench.py.
 """
 
 from __future__ import annotations
