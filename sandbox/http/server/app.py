@@ -33,8 +33,8 @@ from sandbox.http.server.fusion import (
     fusion_response,
     jupyter_budget,
     jupyter_response,
-    plan_run,
-    report_response,
+    plan_request,
+    zygote_answer,
     zygote_run,
 )
 from sandbox.http.server.schemas import (
@@ -235,25 +235,11 @@ async def run_code(state: StateDep, body: RunCodeRequest) -> Any:
     if body.language not in languages.available():
         raise HTTPException(400, languages.unsupported_message(body.language))
     _check_code(state, body.code)
-    settings = state.settings
-    plan = plan_run(
-        body, settings.max_limits, settings.default_limits.output_bytes, settings.fusion_default_memory_mb
-    )
+    plan = plan_request(body, state.settings)
     files = {k: v for k, v in body.files.items() if v is not None}
     run = None if files or state.zygote is None else zygote_run(plan)
-    if run is not None:  # the fork server: see sandbox/zygote.py
-        zygote = state.zygote
-        t0 = time.perf_counter()
-        try:
-            report = await state.execute_queued(
-                lambda: zygote.run_async(**run), state.settings.fusion_queue_wait_s
-            )
-        except SandboxUnavailable as e:  # verl scores anything but 200 as an API error
-            return JSONResponse(
-                RunCodeResponse(status="SandboxError", message=str(e), warnings=plan.warnings).model_dump()
-            )
-        state.metrics.record("run_code", ExecResult(duration_s=time.perf_counter() - t0))
-        return JSONResponse(report_response(report, plan).model_dump())
+    if run is not None:  # the fork server (sandbox/zygote.py); plain requests: server/fastpath.py
+        return JSONResponse(await zygote_answer(state, plan, run))
     result = await state.execute_queued(
         lambda: state.sb.run_async(plan.spec.cell(), want_value=False, files=files or None, **plan.limits),
         state.settings.fusion_queue_wait_s,

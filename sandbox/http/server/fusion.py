@@ -13,6 +13,7 @@ error). Limits above the server maximum are clamped, not refused, and ``warnings
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +27,7 @@ from sandbox.http.server.schemas import (
 )
 from sandbox.languages import RunSpec
 from sandbox.limits import LimitError, Limits
-from sandbox.result import ExecResult
+from sandbox.result import ExecResult, SandboxUnavailable
 
 MARGIN_S = 5.0
 """Seconds of the server's wall-time maximum kept for starting and ending the driver."""
@@ -95,6 +96,13 @@ def plan_run(
         "memory_mb": memory_mb(body.memory_limit_MB, maxima, warnings, unlimited_memory_mb),
     }
     return RunPlan(spec, limits, warnings)
+
+
+def plan_request(body: RunCodeRequest, settings: Any) -> RunPlan:
+    """``plan_run`` under the server's settings: both ``/run_code`` routes must plan alike."""
+    return plan_run(
+        body, settings.max_limits, settings.default_limits.output_bytes, settings.fusion_default_memory_mb
+    )
 
 
 def _step(raw: dict[str, Any] | None) -> CommandRunResult | None:
@@ -242,6 +250,24 @@ def zygote_run(plan: RunPlan) -> dict[str, Any] | None:
         "fetch_files": list(spec.fetch_files),
         "fetch_bytes": spec.fetch_bytes,
     }
+
+
+async def zygote_answer(state: Any, plan: RunPlan, run: dict[str, Any]) -> dict[str, Any]:
+    """The ``/run_code`` answer from the fork server, for the FastAPI route and the fast one alike.
+
+    Queued like every SandboxFusion request (a QueueTimeout becomes the app's 504); a zygote that
+    fails is answered 200 with SandboxError, since verl scores any other status as an API error.
+    """
+    zygote = state.zygote
+    t0 = time.perf_counter()
+    try:
+        report = await state.execute_queued(
+            lambda: zygote.run_async(**run), state.settings.fusion_queue_wait_s
+        )
+    except SandboxUnavailable as e:
+        return RunCodeResponse(status="SandboxError", message=str(e), warnings=plan.warnings).model_dump()
+    state.metrics.record("run_code", ExecResult(duration_s=time.perf_counter() - t0))
+    return report_response(report, plan).model_dump()
 
 
 def jupyter_budget(body: RunJupyterRequest, maxima: Limits) -> tuple[float, float, list[str]]:
