@@ -169,6 +169,13 @@ def test_limits_validated(sb: LocalSandbox) -> None:
         sb.session(memory_mb=10**9)
     with pytest.raises(LimitError, match="unknown limit"):
         sb.session(gpus=1)
+    # Too small for a worker to start: a clear error, not a sandbox that fails to come up.
+    with pytest.raises(LimitError, match="'open_files'=1 is below 16"):
+        sb.session(open_files=1)
+    with pytest.raises(LimitError, match="'memory_mb'=8 is below 32"):
+        sb.session(memory_mb=8)
+    with sb.session(open_files=16) as s:  # the floor itself starts
+        assert s.run("print(1)").stdout == "1\n"
     with sb.session() as s, pytest.raises(LimitError, match="fixed per session"):
         s.run("1", memory_mb=10)
     with pytest.raises(TypeError):

@@ -70,6 +70,8 @@ def test_timeout_over_http_restarts_session(api: TestClient) -> None:
         ({"json": {"code": "1", "language": "ruby"}}, 422, "python"),
         ({"json": {"code": "1", "limits": {"memory_mb": -5}}}, 422, "must be > 0"),
         ({"json": {"code": "1", "limits": {"memory_mb": 10**9}}}, 422, "maximum"),
+        # A worker cannot start with 1 descriptor (true is 1 to pydantic): found by the schema fuzz.
+        ({"json": {"code": "1", "limits": {"open_files": True}}}, 422, "least a sandbox worker needs"),
         ({"json": {"code": "1", "timeout_s": 1e9}}, 422, "maximum"),
         ({"json": {"code": "1", "limits": {"bogus": 1}}}, 422, ""),
         ({"json": {"code": "x" * 5000}}, 413, "limit"),
