@@ -23,24 +23,25 @@ loop: each client sends its next request when the last returns, for ``--seconds`
     python benchmarks/oneshot_bench.py [--seconds 8] [--concurrency 1 8 64] [--sandboxfusion PATH]
 
 Measured with ``--seconds 8 --concurrency 1 8 --sandboxfusion /tmp/sf`` (SandboxFusion 469de08) on
-the 2-core dev box beside a niced training job (load average 6.3 -> 6.9), the zygote running each
-program as pid 1 of its namespace (sandbox/zygote_main.py):
+the 2-core dev box, 2026-12-05 (AMD EPYC, load average 3.5 -> 4.3, mostly the benchmark itself),
+the zygote running each program as pid 1 of its namespace (sandbox/zygote_main.py) and plain
+requests taking the server's fast route (sandbox/http/server/fastpath.py):
 
     system       conc   reqs   req/s   p50 ms   p99 ms  CPU ms/req
-    zygote          1    782    97.7      9.8     22.8        5.73
-    zygote          8   1219   151.6     50.4     80.8        5.58
-    worker          1     79     9.7     96.0    196.3       55.27
-    worker          8    148    17.8    433.6    568.8       55.46
-    sandboxfusion   1    184    22.9     44.0     60.0       26.36
-    sandboxfusion   8    208    25.7    315.7    409.0       26.53
-    subprocess      1    378    46.9     17.0     48.8       16.92
-    subprocess      8    317    39.0    211.9    290.2       18.86
+    zygote          1   1175   146.9      6.7      8.9        5.66
+    zygote          8   2817   351.4     22.2     33.6        4.15
+    worker          1    137    17.1     56.9     76.7       49.30
+    worker          8    278    34.3    227.2    339.2       54.15
+    sandboxfusion   1    259    32.3     29.8     40.5       30.30
+    sandboxfusion   8    479    59.8    128.1    202.3       28.30
+    subprocess      1    523    64.9     15.1     21.8       15.40
+    subprocess      8    959   118.6     65.6     92.6       16.65
 
-At concurrency 8 that is 5.9x SandboxFusion's req/s for 4.8x less CPU per request (5.6x and 5.3x in
-the run before it, load 4.5 -> 6.3, zygote 5.21 / 4.76 ms). With a separate supervisor process per
-request (S forking the program), the zygote took 9.1 / 8.1 ms (load 4.0 -> 8.6). One SandboxFusion
-cell in an earlier run took ~210 ms of CPU per request (repeated alone and in full runs: 25-29 ms),
-so look at two runs before trusting one.
+At concurrency 8 that is 5.9x SandboxFusion's req/s for 6.8x less CPU per request (4.9x and 5.7x
+in the run before it, load 1.0 -> 3.5, zygote 6.37 / 4.77 ms). At concurrency 1 each request also
+pays for waking idle processes, so its CPU is higher than at 8. One SandboxFusion cell in an
+earlier run took ~210 ms of CPU per request (repeated alone and in full runs: 25-30 ms), so look
+at two runs before trusting one.
 
 CPU per request is the figure to trust on a busy machine; req/s is what a nice-19-weighted group
 got while the machine was saturated, and moves a lot between runs.
