@@ -594,8 +594,18 @@ def _safe(text):
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def _undo_ignored_signals():
+    """Signals the host ignored stay ignored across exec, into this worker and every program it
+    runs (a server started under ``nohup`` ignores SIGHUP, so a program's ``kill -HUP`` of itself
+    would do nothing): a program must start as a fresh process does, whoever started the server."""
+    for sig in _signal.valid_signals():
+        if sig != _signal.SIGXFSZ and _signal.getsignal(sig) == _signal.SIG_IGN:  # SIGXFSZ: Python's own
+            _signal.signal(sig, _signal.SIG_DFL)
+
+
 def main(argv):
     config = _loads(argv[1]) if len(argv) > 1 and argv[1] else {}
+    _undo_ignored_signals()
     _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
     worker = _Worker(config)
     try:

@@ -707,6 +707,12 @@ def main():
     config = _config
     import resource
 
+    # What the host ignored (SIGHUP under nohup) would stay ignored in every program: undo it, so
+    # a program starts as a fresh interpreter does (Python itself ignores SIGPIPE and SIGXFSZ).
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGPIPE, signal.SIGXFSZ) and signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
+
     if config.get("nproc"):
         resource.setrlimit(resource.RLIMIT_NPROC, (config["nproc"], config["nproc"]))
     ctl_in, ctl_out = os.dup(0), os.dup(1)

@@ -283,6 +283,37 @@ def test_a_program_that_signals_itself_ends_as_an_ordinary_process_would(
     assert (result["status"], result["return_code"], result["stdout"]) == ("Finished", code, out), result
 
 
+def test_signals_the_host_ignored_are_at_their_default_in_every_program() -> None:
+    """A server started under nohup ignores SIGHUP, and an ignored signal stays ignored across
+    exec: without a reset every worker, zygote and program would ignore it too (the case above,
+    `kill -HUP $PPID`, then sleeps out its timeout). Workers and the zygote are started here while
+    this process ignores SIGHUP and SIGTSTP; programs in a session and in a worker one-shot must
+    see both at their default, and a zygote program (whose deadly signals have handlers: see
+    zygote_main) SIGTSTP at its default and a SIGHUP to itself ending it."""
+    need_bwrap()
+    both = "import signal\nprint(*(signal.getsignal(s) == signal.SIG_DFL for s in (signal.SIGHUP, signal.SIGTSTP)))"
+    hup = "import os, signal, time\nprint(signal.getsignal(signal.SIGTSTP) == signal.SIG_DFL, flush=True)\n"
+    hup += "os.kill(os.getpid(), signal.SIGHUP)\ntime.sleep(20)"
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGHUP, signal.SIGTSTP)}
+    try:
+        sb = LocalSandbox(pool_size=2)
+        assert sb.pool.wait_ready(timeout_s=60)  # both workers started while the two were ignored
+        zygote = Zygote(LaunchConfig(), DEFAULT_LIMITS, slots=2)
+        zygote.start()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    try:
+        with sb.session() as s:
+            assert s.run(both).stdout == "True True\n"
+        assert sb.run(both).stdout == "True True\n"
+        report = zygote.run(code=hup, timeout_s=10)["run"]
+        assert (report["stdout"], report["return_code"]) == ("True\n", -1), report
+    finally:
+        zygote.close()
+        sb.close()
+
+
 # -- the zygote itself ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def zygote() -> Iterator[Zygote]:
