@@ -193,7 +193,7 @@ class _ChunkedHeadStats(torch.autograd.Function):
             hidden, weight, bias, targets, temperature, chunk_size, with_entropy, with_sum_pi_squared
         )
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
-        ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
         ctx.mark_non_differentiable(sum_p2)
         ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
         return log_probs, entropy, sum_p2
@@ -202,8 +202,9 @@ class _ChunkedHeadStats(torch.autograd.Function):
     def backward(ctx, grad_log_probs, grad_entropy, _grad_sum_p2):
         hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
         temperature, chunk_size = ctx.temperature, ctx.chunk_size
-        # Entropy as a metric only (entropy_coef = 0) gets no gradient: its backward is skipped.
-        use_entropy = ctx.with_entropy and grad_entropy is not None
+        # None when the loss does not use the entropy (a metric only, or not computed at all):
+        # then its backward is skipped.
+        use_entropy = grad_entropy is not None
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         grad_hidden = torch.empty_like(hidden) if need_h else None
         acc = _stat_dtype(hidden)

@@ -707,10 +707,10 @@ def main():
     config = _config
     import resource
 
-    # What the host ignored (SIGHUP under nohup) would stay ignored in every program: undo it, so
-    # a program starts as a fresh interpreter does (Python itself ignores SIGPIPE and SIGXFSZ).
+    # What the host ignored (SIGHUP under nohup) would stay ignored in every program: undo it, as
+    # worker.py does (SIGXFSZ is Python's own; SIGPIPE is set below).
     for sig in signal.valid_signals():
-        if sig not in (signal.SIGPIPE, signal.SIGXFSZ) and signal.getsignal(sig) == signal.SIG_IGN:
+        if sig != signal.SIGXFSZ and signal.getsignal(sig) == signal.SIG_IGN:
             signal.signal(sig, signal.SIG_DFL)
 
     if config.get("nproc"):
