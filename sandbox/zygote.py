@@ -4,9 +4,12 @@ A one-shot through a pooled worker costs a whole worker start (bubblewrap's name
 interpreter boot) plus the program's own interpreter: ~26 ms of CPU. The zygote pays those once. It
 is started exactly like a worker (``Launcher``: bubblewrap, its own uid, memory and pid cgroups,
 no network, ``--die-with-parent``) and then, for each request, clones one process into fresh
-user/mount/pid/ipc/uts/net namespaces with its own tmpfs scratch, rlimits and no capabilities,
+user/mount/pid/ipc/uts namespaces with its own tmpfs scratch, rlimits and no capabilities, inside
+the network namespace of one of ``slots`` slots (kept across requests, one request at a time),
 which runs the program as pid 1 of its namespace while the zygote feeds its stdin, keeps its output
-and enforces its timeout (sandbox/zygote_main.py explains the design and what each step guards).
+and enforces its timeout. Programs are cloned from per-slot holders started before any request, so
+none inherits memory that held another request's data (sandbox/zygote_main.py explains the design
+and what each step guards).
 
 What is shared between concurrent requests, unlike separate workers: the host uid (the per-request
 RLIMIT_NPROC is counted in the request's own user namespace, the zygote's pid cgroup caps them
@@ -80,7 +83,7 @@ class Zygote:
             raise SandboxUnavailable("the zygote needs bubblewrap isolation (sandbox isolation=bwrap)")
         self.limits = limits
         self.slots = slots
-        extra: dict[str, Any] = {"numpy": numpy}
+        extra: dict[str, Any] = {"numpy": numpy, "slots": slots}
         if preload is not None:
             extra["preload"] = list(preload)
         self.launcher = ZygoteLauncher(config, extra)

@@ -11,15 +11,24 @@ Requests: ``{"op": "run", "id": n, "code": str, "stdin": str, "timeout_s": float
 "files": {...}, "missing": [...]}``) or ``{"id": n, "error": str}``. Requests run concurrently;
 replies come in completion order.
 
-Per request, one process: S, cloned from the zygote straight into new user, pid, mount, ipc, uts
-and network namespaces (one raw clone(2): fork's CPU is most of a one-shot's cost). S is pid 1 of
-its namespace, and S *is* the program: it takes the request's three pipes as fds 0-2 and closes
-every other descriptor (nothing in it can reach the zygote's control channel or another request's
-pipes), maps only its own uid, mounts fresh tmpfs over /tmp, /workspace and /dev/shm and a /proc
-that shows only this request, makes itself non-dumpable, sets the rlimits (address space,
-processes, file size, descriptors, CPU), drops every capability (bounding set empty,
-no_new_privs), starts its own session, and then runs the code as ``__main__`` in this preloaded
-interpreter (no exec: that is what makes a one-shot cheap).
+Per request, one process: S, cloned straight into new user, pid, mount, ipc and uts namespaces
+(one raw clone(2): fork's CPU is most of a one-shot's cost), inside the network namespace of one
+of the zygote's slots. A slot is a holder process H with a user and a network namespace of its own
+(see _Holder): a fresh network namespace per request cost ~0.9 ms, so each slot keeps one and
+serves one request at a time in it; S's user namespace sits below H's, so S can use the namespace
+(loopback down, no interface) but not configure it, and when S is reaped nothing of its request is
+left there. The holders are cloned before the first request is read and S is cloned from its
+slot's holder, never from the zygote itself: a program's memory is a copy of a process that never
+held another request's code, stdin or output (a fork server's own heap holds every request it
+has served). S gets its request through a memfd and is the zygote's child (CLONE_PARENT). More
+concurrent requests than slots wait for a free one. S is pid 1 of its namespace, and S *is* the
+program: it takes the request's three pipes as fds 0-2 and closes every other descriptor (nothing
+in it can reach the zygote's control channel or another request's pipes), maps only its own uid,
+mounts fresh tmpfs over /tmp, /workspace and /dev/shm and a /proc that shows only this request,
+makes itself non-dumpable, sets the rlimits (address space, processes, file size, descriptors,
+CPU), drops every capability (bounding set empty, no_new_privs), starts its own session, and then
+runs the code as ``__main__`` in this preloaded interpreter (no exec: that is what makes a
+one-shot cheap).
 
 The zygote supervises from outside, single-threaded, for all requests at once: it feeds stdin,
 keeps stdout/stderr up to the cap (draining the rest), watches S through a pidfd, and at the
@@ -48,8 +57,8 @@ inside the namespace (stdin, output cap, timeout, kill(-1) of whatever Q left); 
 reads the files from the request's /workspace and writes the whole report to a result pipe. The files must be read by code that runs after the program, in its
 mount namespace, and that the program cannot have tampered with: S is that code.
 
-Memory written by the program is its own copy-on-write copy; nothing flows back but its output and
-exit status. The zygote stays single-threaded (a clone would otherwise copy locks other threads
+Memory written by the program is its own copy-on-write copy of its holder's; nothing flows back
+but its output and exit status. The zygote stays single-threaded (a clone would otherwise copy locks other threads
 hold), and ``gc.freeze()`` keeps the collector in a child from touching, and so copying, the
 preloaded heap.
 """
@@ -62,6 +71,7 @@ import mmap
 import os
 import select
 import signal
+import socket
 import struct
 import sys
 import time
@@ -94,11 +104,12 @@ if _config.get("numpy"):
         pass
 import atexit  # noqa: E402
 import base64  # noqa: E402
+import collections  # noqa: E402
 import traceback  # noqa: E402
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-CLONE_CHILD_SETTID = 0x01000000
+CLONE_CHILD_SETTID, CLONE_PARENT = 0x01000000, 0x00008000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 4, 24, 38, 47
 _HEADER = struct.Struct(">I")
@@ -174,15 +185,14 @@ def _tid_slot():
     return base + 4 * found[0] if len(found) == 1 else 0
 
 
-def _clone(tid_slot):
-    """fork() into fresh user/pid/mount/ipc/uts/net namespaces in one step (raw clone(2)).
+def _clone(tid_slot, flags):
+    """fork() into the namespaces ``flags`` asks for, in one step (raw clone(2)).
 
     One process instead of fork + unshare + fork: the child is pid 1 of its own namespace, and
     fork's CPU cost (copying and tearing down the page tables) dominates a one-shot's. Python's
     fork bookkeeping runs around it as os.fork() would, and glibc's cached tid is set as fork()
     sets it (``tid_slot``, see _tid_slot).
     """
-    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET
     if tid_slot:
         flags |= CLONE_CHILD_SETTID
     _api.PyOS_BeforeFork()
@@ -197,11 +207,16 @@ def _clone(tid_slot):
     return pid
 
 
-def _isolate(req, uid, gid):
-    """(in S) Map only our uid, an empty private scratch, a /proc of this namespace only."""
+def _map_ids(uid, gid):
+    """(in a new user namespace) Map only our own uid and gid, as themselves."""
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"{uid} {uid} 1")
     _write("/proc/self/gid_map", f"{gid} {gid} 1")
+
+
+def _isolate(req, uid, gid):
+    """(in S) Map only our uid, an empty private scratch, a /proc of this namespace only."""
+    _map_ids(uid, gid)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     size = f"size={int(req['disk_bytes'])},mode=1777".encode()
     for target in ("/tmp", "/workspace", "/dev/shm"):
@@ -476,6 +491,107 @@ def _report(fd, obj):
         view = view[os.write(fd, view) :]
 
 
+# -- slots: one network namespace each, kept by a holder ---------------------------------------
+_IN_SLOT = CLONE_PARENT | CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+
+
+class _SlotGone(Exception):
+    pass
+
+
+class _Holder:
+    """One slot: a process H that keeps a network namespace and clones each request's S into it.
+
+    Why a process: a fresh network namespace is ~0.9 ms of a one-shot's CPU, and a clone cannot
+    join an existing one owned by a user namespace it has no capabilities in. H owns the slot's
+    user and network namespaces; S, cloned by H, gets a user namespace of its own below H's, so it
+    can use the network namespace (loopback down, no interface) but not configure it (no
+    CAP_NET_ADMIN there). One request at a time per slot: when S, pid 1 of its namespace, is
+    reaped, every process and so every socket of that request is gone before the next one starts.
+
+    H is cloned at start-up, before the zygote has read any request, and S is cloned from H, never
+    from the zygote: a program's memory is a copy of H's, which never held another request's code,
+    stdin or output (a clone of the zygote would carry every request it had served). S gets its
+    request through a memfd and its pipes through SCM_RIGHTS; CLONE_PARENT makes S the zygote's
+    child, so the zygote supervises it exactly as before.
+    """
+
+    def __init__(self, tid_slot, uid, gid):
+        self.page = mmap.mmap(-1, mmap.PAGESIZE)  # this slot's: the signal its program ended by
+        self.sock, theirs = socket.socketpair()
+        self.pid = _clone(tid_slot, CLONE_NEWUSER | CLONE_NEWNET)
+        if self.pid == 0:
+            try:
+                _hold(theirs, self.page, tid_slot, uid, gid)
+            finally:
+                os._exit(_ISOLATION_FAILED)
+        theirs.close()
+        self.page.madvise(mmap.MADV_DONTFORK)  # later holders (and their programs) do not get it
+
+    def spawn(self, kind, fds):
+        """Clone one request's S into this slot (``kind`` b"r": the program, b"f": a supervisor)."""
+        _PAGE.pack_into(self.page, 0, 0, 0)
+        try:
+            socket.send_fds(self.sock, [kind], fds)
+            answer = self.sock.recv(4, socket.MSG_WAITALL)
+        except OSError:
+            answer = b""
+        if len(answer) != 4:
+            raise _SlotGone("the slot's holder is gone")
+        (pid,) = struct.unpack("=i", answer)
+        if pid < 0:
+            raise OSError(-pid, f"clone: {os.strerror(-pid)}")
+        return pid
+
+
+def _hold(sock, page, tid_slot, uid, gid):
+    """(in H) Keep this slot's namespaces; for each request, clone its S and say S's pid."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    fd = sock.fileno()
+    os.closerange(3, fd)  # the zygote's channel, other slots' sockets; 0-2 stay (/dev/null, stderr)
+    os.closerange(fd + 1, 1 << 16)
+    _map_ids(uid, gid)
+    while True:
+        kind, fds, _, _ = socket.recv_fds(sock, 1, 4)
+        if not kind:
+            os._exit(0)
+        try:
+            pid = _clone(tid_slot, _IN_SLOT)
+        except OSError as e:
+            pid = -e.errno
+        if pid == 0:
+            try:
+                _in_slot(kind, fds, page, uid, gid)
+            finally:
+                os._exit(_ISOLATION_FAILED)
+        for fd in fds:
+            os.close(fd)
+        os.write(sock.fileno(), struct.pack("=i", pid))
+
+
+def _in_slot(kind, fds, page, uid, gid):
+    """(in S) Read the request from its memfd, then become the program or its supervisor."""
+    chunks = []
+    while chunk := os.read(fds[0], 1 << 20):
+        chunks.append(chunk)
+    os.close(fds[0])
+    req = json.loads(b"".join(chunks))
+    if kind == b"r":
+        _become_program(req, fds[1:], page, uid, gid)
+    else:
+        _supervise(req, fds[1], uid, gid)
+
+
+def _request_fd(raw):
+    """A memfd holding the request's JSON, read from the start by S."""
+    fd = os.memfd_create("request")
+    view = memoryview(raw)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 # -- the zygote's loop ------------------------------------------------------------------------
 def _read_exact(fd, n):
     buf = b""
@@ -497,8 +613,8 @@ def _send(fd, obj):
 class _Run:
     """The zygote's side of one request whose program is S: its pipes, pidfd, output, clock."""
 
-    def __init__(self, req, pid, pipes, page, t0):
-        self.rid, self.pid, self.page, self.t0 = req["id"], pid, page, t0
+    def __init__(self, req, pid, pipes, slot, t0):
+        self.rid, self.pid, self.slot, self.page, self.t0 = req["id"], pid, slot, slot.page, t0
         self.in_w, self.out_r, self.err_r = pipes
         self.pidfd = os.pidfd_open(pid)
         self.cap = int(req["output_bytes"])
@@ -534,11 +650,19 @@ class _Zygote:
         self.ctl_in, self.ctl_out = ctl_in, ctl_out
         self.poller = select.poll()
         self.poller.register(ctl_in, select.POLLIN)
-        self.legacy = {}  # result pipe -> (id, pid, bytes so far): requests on the fetch_files path
+        self.legacy = {}  # result pipe -> (id, pid, bytes so far, slot): the fetch_files path
         self.owner = {}  # fd -> _Run
         self.runs = set()
         self.uid, self.gid = os.getuid(), os.getgid()
         self.tid_slot = _tid_slot()
+        self.free = []  # idle slots (_Holder); a request takes one for as long as its S lives
+        self.slots = 0
+        self.waiting = collections.deque()  # (request, its raw JSON) while every slot is busy
+
+    def open_slots(self, n):
+        """Start ``n`` slots' holders; called before the first request is read (see _Holder)."""
+        self.free = [_Holder(self.tid_slot, self.uid, self.gid) for _ in range(n)]
+        self.slots = n
 
     def serve(self):
         while True:
@@ -561,16 +685,16 @@ class _Zygote:
 
     def _control(self):
         try:
-            req = json.loads(_read_exact(self.ctl_in, _HEADER.unpack(_read_exact(self.ctl_in, 4))[0]))
+            raw = _read_exact(self.ctl_in, _HEADER.unpack(_read_exact(self.ctl_in, 4))[0])
         except EOFError:
             os._exit(0)
+        req = json.loads(raw)
         op = req.get("op")
         if op == "run":
-            failed = self._start_legacy(req) if req.get("fetch_files") else self._start(req)
-            if failed is not None:
-                _send(self.ctl_out, failed)
+            self.waiting.append((req, raw))
+            self._start_waiting()
         elif op == "ping":
-            running = len(self.runs) + len(self.legacy)
+            running = len(self.runs) + len(self.legacy) + len(self.waiting)
             _send(self.ctl_out, {"id": req.get("id"), "pong": True, "running": running})
         elif op == "shutdown":
             os._exit(0)
@@ -584,27 +708,47 @@ class _Zygote:
         self.poller.unregister(fd)
         os.close(fd)
 
-    def _start(self, req):
-        """Clone S (it becomes the program); its pipes and pidfd join the loop, stdin is fed."""
-        t0 = time.perf_counter()
-        page = mmap.mmap(-1, mmap.PAGESIZE)  # shared with S only: the signal it ended by
-        (in_r, in_w), (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe(), os.pipe()
-        try:
-            pid = _clone(self.tid_slot)
-        except OSError as e:
-            for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
-                os.close(fd)
-            page.close()
-            return {"id": req["id"], "error": f"cannot start the request: {e}"}
-        if pid == 0:
+    def _start_waiting(self):
+        while self.waiting and self.free:
+            req, raw = self.waiting.popleft()
+            slot = self.free.pop()
             try:
-                _become_program(req, (in_r, out_w, err_w), page, self.uid, self.gid)
-            finally:
-                os._exit(_ISOLATION_FAILED)
-        page.madvise(mmap.MADV_DONTFORK)  # the next requests' S do not get this page
-        for fd in (in_r, out_w, err_w):
-            os.close(fd)
-        run = _Run(req, pid, (in_w, out_r, err_r), page, t0)
+                (self._start_legacy if req.get("fetch_files") else self._start)(req, raw, slot)
+            except _SlotGone:  # its holder was killed from outside: drop the slot, try another
+                self.waiting.appendleft((req, raw))
+                self._drop_slot(slot)
+            except OSError as e:
+                self.free.append(slot)
+                _send(self.ctl_out, {"id": req["id"], "error": f"cannot start the request: {e}"})
+
+    def _release(self, slot):
+        """The slot's S is reaped (nothing of its request is left in the namespace): free again."""
+        self.free.append(slot)
+        self._start_waiting()
+
+    def _drop_slot(self, slot):
+        os.waitpid(slot.pid, 0)
+        slot.sock.close()
+        slot.page.close()
+        self.slots -= 1
+        if self.slots == 0:  # every holder killed from outside: let the host start a fresh zygote
+            os._exit(_ISOLATION_FAILED)
+
+    def _start(self, req, raw, slot):
+        """S cloned into ``slot`` (it becomes the program); its pipes and pidfd join the loop."""
+        t0 = time.perf_counter()
+        (in_r, in_w), (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe(), os.pipe()
+        theirs = (_request_fd(raw), in_r, out_w, err_w)
+        try:
+            pid = slot.spawn(b"r", theirs)
+        except (OSError, _SlotGone):
+            for fd in (in_w, out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        run = _Run(req, pid, (in_w, out_r, err_r), slot, t0)
         self.runs.add(run)
         for fd in (out_r, err_r, run.pidfd):
             self._watch(fd, run)
@@ -614,7 +758,6 @@ class _Zygote:
             run.in_w = None
         else:
             self._watch(in_w, run, select.POLLOUT)
-        return None
 
     def _feed(self, run):
         """Write as much of stdin as the pipe takes now; True when nothing is left to write."""
@@ -663,35 +806,30 @@ class _Zygote:
             if fd is not None:
                 self._drop(fd)
         self.runs.discard(run)
-        reply = run.reply()
-        run.page.close()
-        _send(self.ctl_out, reply)
+        _send(self.ctl_out, run.reply())
+        self._release(run.slot)
 
     # -- the fetch_files path: S supervises Q and writes the whole report ----------------------
-    def _start_legacy(self, req):
+    def _start_legacy(self, req, raw, slot):
         r, w = os.pipe()
+        theirs = (_request_fd(raw), w)
         try:
-            pid = _clone(self.tid_slot)
-        except OSError as e:
+            pid = slot.spawn(b"f", theirs)
+        except (OSError, _SlotGone):
             os.close(r)
-            os.close(w)
-            return {"id": req["id"], "error": f"cannot start the request: {e}"}
-        if pid == 0:
-            try:
-                _supervise(req, w, self.uid, self.gid)
-            finally:
-                os._exit(0)
-        os.close(w)
-        self.legacy[r] = (req["id"], pid, bytearray())
+            raise
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        self.legacy[r] = (req["id"], pid, bytearray(), slot)
         self.poller.register(r, select.POLLIN)
-        return None
 
     def _legacy_ready(self, fd):
         chunk = os.read(fd, 1 << 16)
         if chunk:
             self.legacy[fd][2].extend(chunk)
             return
-        rid, pid, buf = self.legacy.pop(fd)
+        rid, pid, buf, slot = self.legacy.pop(fd)
         self.poller.unregister(fd)
         os.close(fd)
         os.waitpid(pid, 0)
@@ -701,6 +839,7 @@ class _Zygote:
             reply = {"error": "the request's supervisor died without a report"}
         reply["id"] = rid
         _send(self.ctl_out, reply)
+        self._release(slot)
 
 
 def main():
@@ -722,9 +861,10 @@ def main():
     os.close(null)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     zygote = _Zygote(ctl_in, ctl_out)
-    _end_by_signals_as_non_init()
-    _send(ctl_out, {"op": "ready", "pid": os.getpid(), "python": sys.version.split()[0]})
+    _end_by_signals_as_non_init()  # before the holders: every program inherits these handlers
     gc.freeze()  # the preloaded heap stays shared: no collector pass in a child touches (copies) it
+    zygote.open_slots(int(config.get("slots", 8)))
+    _send(ctl_out, {"op": "ready", "pid": os.getpid(), "python": sys.version.split()[0]})
     zygote.serve()
 
 

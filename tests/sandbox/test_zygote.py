@@ -83,6 +83,37 @@ def test_a_file_written_by_one_request_is_not_seen_by_the_next(http: TestClient)
     assert stdout(run(http, look)) == "[False, False, False]\n"
 
 
+# -- memory -----------------------------------------------------------------------------------
+_SCAN = (
+    "import ctypes, re\n"
+    "own = input()\n"  # its own stdin, in its memory: the positive control
+    "found = set()\n"
+    "for line in open('/proc/self/maps'):\n"
+    "    m = re.match(r'([0-9a-f]+)-([0-9a-f]+) r', line)\n"
+    "    if m and '[v' not in line:\n"
+    "        a, b = int(m.group(1), 16), int(m.group(2), 16)\n"
+    "        found.update(re.findall(rb'MARK[0-9]{3}:[a-z]+', ctypes.string_at(a, b - a)))\n"
+    "print(sorted(x.decode() for x in found))\n"
+)
+
+
+def test_a_program_reads_no_other_requests_code_stdin_or_output_from_its_memory(http: TestClient) -> None:
+    """A fork server's memory holds every request it served; a program must not inherit it."""
+    mark = "MARK{}:{}".format  # built at run time: this test's own source holds no whole marker
+    for i in range(3):  # requests served before the scan
+        past = f"print('{mark(100 + i, 'stdout')}')\n# {mark(100 + i, 'code')}\ninput()"
+        assert stdout(run(http, past, stdin=mark(100 + i, "stdin") + "\n")).startswith("MARK")
+    live = (
+        f"import sys, time\nprint('{mark(200, 'stdout')}', flush=True)\n# {mark(200, 'code')}\ntime.sleep(3)"
+    )
+    t = threading.Thread(target=run, args=(http, live), kwargs={"stdin": mark(200, "stdin")})
+    t.start()
+    time.sleep(1.0)
+    seen = stdout(run(http, _SCAN, stdin=mark(300, "stdin")))
+    t.join()
+    assert seen == "['MARK300:stdin']\n"  # its own stdin only: the scan works and finds nothing else
+
+
 # -- processes --------------------------------------------------------------------------------
 def test_a_fork_bomb_is_contained(http: TestClient) -> None:
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
@@ -416,6 +447,108 @@ def _rss_kb(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise AssertionError("no VmRSS")
+
+
+_NETNS_AND_SOCKET = (
+    "import os, socket, sys, time\n"
+    "probe = socket.socket(socket.AF_UNIX)\n"
+    "try:\n"
+    "    probe.connect('\\0agent-rl-slot-test'); print('reached', end=' ')\n"
+    "except OSError:\n"
+    "    print('refused', end=' ')\n"
+    "s = socket.socket(socket.AF_UNIX); s.bind('\\0agent-rl-slot-test'); s.listen()\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid(); time.sleep(60)\n"  # a daemon holding the socket open
+    "time.sleep(float(sys.stdin.read() or 0))\n"
+    "print(os.stat('/proc/self/ns/net').st_ino)\n"
+)
+
+
+def test_a_slot_is_reused_but_nothing_of_the_last_request_is_left_in_it(zygote: Zygote) -> None:
+    """One network namespace per slot, kept across requests: the next program finds the last one's
+    socket (held open by its daemon) gone, and cannot configure the namespace itself."""
+    first = zygote.run(code=_NETNS_AND_SOCKET, timeout_s=10)["run"]["stdout"].split()
+    second = zygote.run(code=_NETNS_AND_SOCKET, timeout_s=10)["run"]["stdout"].split()
+    assert first[0] == second[0] == "refused"
+    assert first[1] == second[1], "the idle slot was not reused"
+    configure = (
+        "import fcntl, socket, struct\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "try:\n"
+        "    fcntl.ioctl(s, 0x8914, struct.pack('16sH14x', b'lo', 1)); print('configured')\n"  # SIOCSIFFLAGS up
+        "except PermissionError:\n"
+        "    print('denied')\n"
+        "try:\n"
+        "    open('/proc/sys/net/ipv4/ip_forward', 'w').write('1'); print('wrote')\n"
+        "except OSError:\n"
+        "    print('read-only')\n"
+    )
+    assert zygote.run(code=configure, timeout_s=10)["run"]["stdout"] == "denied\nread-only\n"
+
+
+def test_requests_beyond_the_slots_wait_for_one_and_concurrent_ones_never_share_a_namespace() -> None:
+    need_bwrap()
+    z = Zygote(LaunchConfig(), DEFAULT_LIMITS, slots=2)
+    try:
+        z.start()
+        out: list[list[str]] = []
+        threads = [
+            threading.Thread(
+                target=lambda: out.append(
+                    z.run(code=_NETNS_AND_SOCKET, stdin="1", timeout_s=10)["run"]["stdout"].split()
+                )
+            )
+            for _ in range(4)
+        ]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(out) == 4 and all(o[0] == "refused" for o in out), out
+        assert len({o[1] for o in out}) == 2  # two slots, each used twice, never at the same time
+        assert time.monotonic() - t0 > 1.9  # two rounds of 1 s: the second pair waited
+        assert z.ping()["running"] == 0
+    finally:
+        z.close()
+
+
+def test_a_holder_killed_from_outside_costs_its_slot_not_a_request_and_the_last_restarts_the_zygote() -> None:
+    need_bwrap()
+    z = Zygote(LaunchConfig(), DEFAULT_LIMITS, slots=2)
+
+    def children() -> list[int]:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+
+    def pair(tag: str) -> list[str]:
+        out: list[str] = []
+        code = f"import time\ntime.sleep(0.3)\nprint('{tag}')"
+        threads = [
+            threading.Thread(target=lambda: out.append(z.run(code=code, timeout_s=5)["run"]["stdout"]))
+            for _ in range(2)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+    try:
+        z.start()
+        pid = zygote_process(z)
+        holders = children()
+        assert len(holders) == 2  # idle: the zygote's only children are its slots' holders
+        os.kill(holders[0], signal.SIGKILL)
+        assert pair("a") == ["a\n", "a\n"]  # both slots tried: the dead one dropped, its request retried
+        assert children() == holders[1:] and zygote_process(z) == pid and z.starts == 1
+        os.kill(holders[1], signal.SIGKILL)
+        with pytest.raises(Exception, match="zygote"):  # no slot left: the zygote ends itself
+            z.run(code="print(1)", timeout_s=5)
+        assert z.run(code="print(2)", timeout_s=5)["run"]["stdout"] == "2\n"
+        assert z.starts == 2 and zygote_process(z) != pid
+    finally:
+        z.close()
 
 
 def test_output_beyond_the_cap_is_dropped_without_blocking_the_program(zygote: Zygote) -> None:
