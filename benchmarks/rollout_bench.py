@@ -46,6 +46,7 @@ Run:  python benchmarks/rollout_bench.py [--engines hf vllm] [--envs scripted sa
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -96,6 +97,12 @@ class BenchConfig:
     """Fraction of the vocabulary that ends a turn (stop_token_ids). 0: every turn runs to
     max_new_tokens, the bench model's habit; real turns end when the model closes its tool call,
     at lengths that vary, so 0.05 (about 1 in 20 sampled tokens stops) is closer to practice."""
+    back_to_back: bool = False
+    """Start each collect at once, while the sandbox pool still replaces the workers of the last
+    collect's closed sessions (32 worker starts, ~0.8 s of CPU on the sandbox's core). False: each
+    collect (and its raw replay) starts from a full pool, as in training, where the pool refills
+    while the learner updates the policy. Back to back, the repeats alternate between a full and
+    a refilling pool (the measured collect follows another collect every other repeat)."""
 
 
 # ---------------------------------------------------------------- envs
@@ -335,18 +342,33 @@ def measure(
         cohorts=int(batching.split("/")[1]) if batching.startswith("lockstep") else 1,
     )
     collector = Collector(engine, engine.tokenizer, factory, config)
+
+    def settle() -> None:
+        release = getattr(engine, "release_cache", None)
+        if callable(release):
+            release()
+        gc.collect()
+
+    def collect(seed: int) -> list[Trajectory]:
+        if sandbox is not None and not cfg.back_to_back:
+            sandbox.pool.wait_ready(timeout_s=120)  # see BenchConfig.back_to_back
+            time.sleep(1.0)
+        settle()
+        return collector.collect(tasks, cfg.group_size, seed=seed)
+
     tasks = list(range(cfg.tasks))
-    collector.collect(tasks, cfg.group_size, seed=10_000)  # warm-up: compile, sandbox pool, caches
+    collect(10_000)  # warm-up: compile, sandbox pool, caches
     clock.take()
     row = Row(engine_name, env_name, batching)
     for r in range(cfg.repeats):
         # Alternate which of the pair runs first, so load drifts on the shared machine cancel out.
         if r % 2:
-            reference = collector.collect(tasks, cfg.group_size, seed=r)
+            reference = collect(r)
             clock.take()
+            settle()
             raw_s, match = replay(engine, reference, sampling, call_seed=r)
             raw_cpu = clock.take()[1]
-        trajs = collector.collect(tasks, cfg.group_size, seed=r)
+        trajs = collect(r)
         busy_cpu = clock.take()[1]
         stats = collector.last_stats
         bad = [t.infra_error for t in trajs if t.infra_error]
@@ -355,6 +377,7 @@ def measure(
                 f"{engine_name}/{env_name}: infrastructure errors during the benchmark: {bad[:3]}"
             )
         if not r % 2:
+            settle()
             raw_s, match = replay(engine, trajs, sampling, call_seed=r)
             raw_cpu = clock.take()[1]
         row.busy_cpu.append(busy_cpu)
@@ -417,6 +440,11 @@ def print_table(rows: list[Row], cfg: BenchConfig) -> None:
         "  from env/sandbox processes on a 2-core machine shows here, not as engine idle.\n"
         "env share = wall-time fraction with >= 1 env/sandbox call running."
     )
+    pool = "back to back (pool refilling)" if cfg.back_to_back else "each collect from a full sandbox pool"
+    print(f"\nper-repeat overhead ({pool}):")
+    for r in rows:
+        per = " ".join(f"{w / x - 1:+.1%}" for w, x in zip(r.wall, r.raw, strict=True))
+        print(f"  {r.engine}/{r.env}/{r.batching}: {per}")
     print_split(rows)
     by_key = {(r.engine, r.env, r.batching): r for r in rows}
     for (engine, env, batching), r in by_key.items():
@@ -624,6 +652,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="engine and collector on CPU 0, sandbox workers on CPU 1 (as a GPU node keeps them apart)",
     )
+    p.add_argument(
+        "--back-to-back",
+        action="store_true",
+        help="collects do not wait for a full sandbox pool (see BenchConfig)",
+    )
     p.add_argument("--turn-cost", action="store_true", help="measure per-turn cost vs turn index instead")
     p.add_argument("--tool-tokens", type=int, default=32, help="--turn-cost: new prompt/tool ids per turn")
     p.add_argument("--turn-tokens", type=int, default=32, help="--turn-cost: sampled tokens per turn")
@@ -645,6 +678,7 @@ def main(argv: list[str] | None = None) -> int:
         batching=tuple(args.batching),
         cohorts=tuple(args.cohorts),
         stop_fraction=args.stop_fraction,
+        back_to_back=args.back_to_back,
     )
     path = model_dir(cfg)
     torch.set_num_threads(cfg.threads)
@@ -663,7 +697,9 @@ def main(argv: list[str] | None = None) -> int:
         sandbox = LocalSandbox(pool_size=cfg.tasks * cfg.group_size)
     if args.pin:
         pin_thread(0)  # this thread (the engine's) and the collector's threads made from it
-    print(f"CPU affinity: {'engine + collector on CPU 0, sandbox on CPU 1' if args.pin else 'none (shared cores)'}")
+    print(
+        f"CPU affinity: {'engine + collector on CPU 0, sandbox on CPU 1' if args.pin else 'none (shared cores)'}"
+    )
     rows = []
     try:
         for engine_name in cfg.engines:
