@@ -3,6 +3,12 @@
 Rlimits are per process; a cgroup caps the whole session's tree (forks, tmpfs pages included) and
 tells us afterwards whether the kernel's OOM killer fired, which an exit status alone cannot.
 When nothing is writable, ``CgroupManager.available`` is False and callers rely on rlimits only.
+
+Where the cpu controller is writable too, a worker the pool starts ahead of demand boots at the
+lowest CPU weight (``background``) and gets the default weight when it is handed out: a refill
+(~26 ms of CPU per worker: an interpreter booting) then takes only CPU that running sessions'
+cells leave idle. Without it, the 32 refills after 32 episodes start slowed those episodes' cells
+by half on a busy core (a batch of 32 cells: 12.8 against 8.4 ms).
 """
 
 from __future__ import annotations
@@ -28,13 +34,33 @@ def remove_cgroup_dir(path: Path, *, tries: int, wait_s: float) -> None:
             time.sleep(wait_s)
 
 
+# (v1 cpu.shares, v2 cpu.weight): the lowest each allows, and the default.
+BACKGROUND_WEIGHT = {1: "2", 2: "1"}
+DEFAULT_WEIGHT = {1: "1024", 2: "100"}
+
+
 class WorkerCgroup:
     def __init__(self, dirs: dict[str, Path], version: int) -> None:
         self.dirs = dirs
         self.version = version
 
+    def set_background(self, background: bool) -> bool:
+        """Lowest or default CPU weight; False where the cpu controller is not ours to write."""
+        d = self.dirs.get("cpu")
+        if d is None:
+            return False
+        weight = (BACKGROUND_WEIGHT if background else DEFAULT_WEIGHT)[self.version]
+        try:
+            (d / ("cpu.shares" if self.version == 1 else "cpu.weight")).write_text(weight)
+        except OSError:
+            return False
+        return True
+
+    def _unique(self) -> list[Path]:
+        return list(dict.fromkeys(self.dirs.values()))
+
     def add(self, pid: int) -> None:
-        for d in self.dirs.values():
+        for d in self._unique():
             (d / "cgroup.procs").write_text(str(pid))
 
     def oom_killed(self) -> bool:
@@ -56,14 +82,14 @@ class WorkerCgroup:
 
     def kill_all(self) -> None:
         """SIGKILL everything left in the group (belt and braces after the namespace is gone)."""
-        for d in self.dirs.values():
+        for d in self._unique():
             with contextlib.suppress(OSError, ValueError):
                 for pid in (d / "cgroup.procs").read_text().split():
                     with contextlib.suppress(OSError):
                         os.kill(int(pid), 9)
 
     def remove(self) -> None:
-        for d in self.dirs.values():
+        for d in self._unique():
             remove_cgroup_dir(d, tries=50, wait_s=0.01)
 
 
@@ -100,6 +126,9 @@ class CgroupManager:
     def _detect(self) -> None:
         v1 = {c: ROOT / c for c in ("memory", "pids") if (ROOT / c / "cgroup.procs").exists()}
         if v1 and all(os.access(p, os.W_OK) for p in v1.values()):
+            cpu = ROOT / "cpu"
+            if (cpu / "cgroup.procs").exists() and os.access(cpu, os.W_OK):
+                v1["cpu"] = cpu  # optional: only the refills' CPU weight (see the module's doc)
             for c, p in v1.items():
                 (p / GROUP).mkdir(exist_ok=True)
                 self.parents[c] = p / GROUP
@@ -113,10 +142,16 @@ class CgroupManager:
                 parent.mkdir(exist_ok=True)
                 (ROOT / "cgroup.subtree_control").write_text("+memory +pids")
                 (parent / "cgroup.subtree_control").write_text("+memory +pids")
+                if "cpu" in have:  # optional, as on v1
+                    with contextlib.suppress(OSError):
+                        (ROOT / "cgroup.subtree_control").write_text("+cpu")
+                        (parent / "cgroup.subtree_control").write_text("+cpu")
                 self.parents = {"unified": parent}
                 self.version = 2
 
-    def create(self, name: str, memory_bytes: int, pids: int) -> WorkerCgroup | None:
+    def create(
+        self, name: str, memory_bytes: int, pids: int, background: bool = False
+    ) -> WorkerCgroup | None:
         if not self.available:
             return None
         dirs: dict[str, Path] = {}
@@ -124,6 +159,8 @@ class CgroupManager:
             if self.version == 1:
                 dirs["memory"] = self.parents["memory"] / name
                 dirs["pids"] = self.parents["pids"] / name
+                if "cpu" in self.parents:
+                    dirs["cpu"] = self.parents["cpu"] / name
                 for d in dirs.values():
                     d.mkdir(exist_ok=True)
                 (dirs["memory"] / "memory.limit_in_bytes").write_text(str(memory_bytes))
@@ -138,7 +175,12 @@ class CgroupManager:
                     (d / "memory.swap.max").write_text("0")
                 (d / "pids.max").write_text(str(pids))
                 dirs = {"memory": d}
+                if (d / "cpu.weight").exists():
+                    dirs["cpu"] = d  # the same directory (add, kill_all and remove visit it once)
         except OSError:
             WorkerCgroup(dirs, self.version).remove()
             return None
-        return WorkerCgroup(dirs, self.version)
+        group = WorkerCgroup(dirs, self.version)
+        if background:
+            group.set_background(True)
+        return group

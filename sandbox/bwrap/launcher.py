@@ -241,10 +241,11 @@ class Launcher:
             while view:
                 view = view[os.write(stdin_fd, view) :]
 
-    def spawn(self, limits: Limits) -> WorkerProcess:
+    def spawn(self, limits: Limits, background: bool = False) -> WorkerProcess:
+        """``background``: boot at the lowest CPU weight until ``foreground`` (see cgroups.py)."""
         uid = self.uids.take() if self.uids else None
         try:
-            return WorkerProcess(self, limits, uid)
+            return WorkerProcess(self, limits, uid, background)
         except BaseException as err:
             if uid is not None and self.uids:
                 self.uids.give(uid)
@@ -313,8 +314,9 @@ class Launcher:
 class WorkerProcess:
     """One running worker; ``kill`` is idempotent and leaves no process, zombie, uid or cgroup behind."""
 
-    def __init__(self, launcher: Launcher, limits: Limits, uid: int | None) -> None:
+    def __init__(self, launcher: Launcher, limits: Limits, uid: int | None, background: bool = False) -> None:
         self.launcher = launcher
+        self.background = background
         self.limits = limits
         self.uid = uid
         self.cgroup: WorkerCgroup | None = None
@@ -382,7 +384,10 @@ class WorkerProcess:
             config = launcher.worker_config(limits, "/workspace")
             argv += launcher.worker_argv(config)
             self.cgroup = launcher.cgroups.create(
-                self.name, (limits.memory_mb + 2 * limits.disk_mb) << 20, limits.processes + 8
+                self.name,
+                (limits.memory_mb + 2 * limits.disk_mb) << 20,
+                limits.processes + 8,
+                background=self.background,
             )
             self.proc = self._popen(argv, pass_fds=(info_w, block_r))
             os.close(info_w)
@@ -428,6 +433,12 @@ class WorkerProcess:
         return self.name
 
     # -- stop -------------------------------------------------------------------------------
+    def foreground(self) -> None:
+        """Handed to a session: the default CPU weight from now on (a no-op if it never was lower)."""
+        if self.background and self.cgroup is not None:
+            self.cgroup.set_background(False)
+        self.background = False
+
     def alive(self) -> bool:
         return not self._killed and self.proc.poll() is None
 

@@ -250,7 +250,7 @@ class DockerLauncher:
             kwargs["runtime"] = self.runtime
         return kwargs
 
-    def spawn(self, limits: Limits) -> DockerWorker:
+    def spawn(self, limits: Limits, background: bool = False) -> DockerWorker:
         import docker.errors
 
         container = None

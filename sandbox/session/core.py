@@ -64,8 +64,9 @@ class WorkerHandle(Protocol):
 class Launcher(Protocol):
     """Starts workers for the pool: ``spawn`` blocks until the worker said it is ready."""
 
-    def spawn(self, limits: Limits) -> WorkerHandle:
-        """A ready worker with ``limits``' per-session limits; SandboxUnavailable when it cannot."""
+    def spawn(self, limits: Limits, background: bool = False) -> WorkerHandle:
+        """A ready worker with ``limits``' per-session limits; SandboxUnavailable when it cannot.
+        ``background``: started ahead of demand, it may boot at a low CPU priority until handed out."""
 
 
 def _signal_name(n: int) -> str:

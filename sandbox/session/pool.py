@@ -18,8 +18,12 @@ good as its refill. Two things keep it ahead of demand:
   for bursts, up to ``max_size``. It shrinks back when demand stops; surplus warm workers are
   retired after ``idle_retire_s``.
 
-When the pool is empty, ``acquire`` waits for a worker the fillers are already starting, if one is
-not yet promised to an earlier waiter; otherwise it starts its own. So concurrent starts follow
+A start made ahead of demand (warm workers left, nobody waiting) boots at the lowest CPU weight
+where the launcher can set one (sandbox/bwrap/cgroups.py) and gets the default weight when handed
+out: running sessions' cells go before refills.
+
+When the pool is empty, ``acquire`` waits for a worker the fillers are already starting in the
+foreground, if one is not yet promised to an earlier waiter; otherwise it starts its own. So concurrent starts follow
 demand, as with one process per call, instead of queueing N callers behind ``max_starting``
 starts (on a shared machine that would hand most of the CPU to everything else). If the fillers
 fail (a broken launcher), the caller starts one itself and so gets the real error.
@@ -70,6 +74,8 @@ class WorkerPool:
         self._cond = threading.Condition()
         self._closed = False
         self._starting = 0
+        self._starting_bg = 0
+        """Of ``_starting``, those booting in the background: no waiter counts on them."""
         self._waiting = 0
         self._demand: collections.deque[float] = collections.deque()
         self._start_s = 0.1  # moving average of how long a worker takes to start
@@ -123,13 +129,18 @@ class WorkerPool:
                     self._retire_surplus()
                 if self._closed:
                     return
+                # Ahead of demand (warm workers left, nobody waiting): boot at the lowest CPU weight,
+                # so running sessions' cells go first (sandbox/bwrap/cgroups.py).
+                background = bool(self._ready) and self._waiting == 0
                 self._starting += 1
+                self._starting_bg += background
             t0 = time.monotonic()
             try:
-                worker = self.launcher.spawn(self.limits)
+                worker = self.launcher.spawn(self.limits, background=background)
             except Exception as e:
                 with self._cond:
                     self._starting -= 1
+                    self._starting_bg -= background
                     self.spawn_failures += 1
                     self.last_error = str(e)
                     self._failed_at = time.monotonic()
@@ -139,7 +150,9 @@ class WorkerPool:
                 continue
             with self._cond:
                 self._starting -= 1
-                self._start_s = 0.8 * self._start_s + 0.2 * (time.monotonic() - t0)
+                self._starting_bg -= background
+                if not background:  # a background start's time is mostly waiting for idle CPU
+                    self._start_s = 0.8 * self._start_s + 0.2 * (time.monotonic() - t0)
                 if self._closed:
                     self._reap_q.put(worker)
                     return
@@ -170,6 +183,9 @@ class WorkerPool:
             if worker.alive():
                 self._cond.notify_all()  # the fillers may start its replacement
                 self.warm_hits += 1
+                foreground = getattr(worker, "foreground", None)  # launchers without CPU weights lack it
+                if foreground is not None:
+                    foreground()
                 return worker
             self._reap_q.put(worker)
         return None
@@ -201,8 +217,8 @@ class WorkerPool:
                         raise SandboxUnavailable("the sandbox is shut down")
                     if self._failed_at >= asked - 1.0:
                         break  # the fillers are failing: start one here to surface the error
-                    if self._starting <= self._waiting:
-                        break  # every start under way is promised to an earlier waiter
+                    if self._starting - self._starting_bg <= self._waiting:
+                        break  # every foreground start under way is promised to an earlier waiter
                     self._waiting += 1
                     self._cond.notify_all()
                     try:

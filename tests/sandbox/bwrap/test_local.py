@@ -275,6 +275,30 @@ def test_only_a_uid_given_back_clean_skips_the_orphan_scan(monkeypatch) -> None:
     assert [e for e in os.scandir("/proc") if e.name.isdigit() and e.stat().st_uid == worker_uid] == []
 
 
+def test_a_worker_started_in_the_background_boots_at_the_lowest_cpu_weight_until_handed_out() -> None:
+    from sandbox.bwrap import launcher
+    from sandbox.bwrap.cgroups import BACKGROUND_WEIGHT, DEFAULT_WEIGHT
+    from sandbox.limits import DEFAULT_LIMITS
+
+    lch = launcher.Launcher(launcher.LaunchConfig(isolation="bwrap"))
+    worker = lch.spawn(DEFAULT_LIMITS, background=True)
+    try:
+        if worker.cgroup is None or "cpu" not in worker.cgroup.dirs:
+            if os.environ.get("CI") == "true" and os.geteuid() == 0:
+                pytest.fail("CI runs as root: the cpu cgroup controller should be writable")
+            pytest.skip("no writable cpu cgroup controller (not root)")
+        d = worker.cgroup.dirs["cpu"]
+        version = worker.cgroup.version
+        weight = d / ("cpu.shares" if version == 1 else "cpu.weight")
+        assert weight.read_text().strip() == BACKGROUND_WEIGHT[version]
+        assert str(worker.ns_init_pid) in (d / "cgroup.procs").read_text().split()
+        worker.foreground()
+        assert weight.read_text().strip() == DEFAULT_WEIGHT[version]
+    finally:
+        worker.kill()
+    assert not d.exists()
+
+
 def test_cgroups_of_dead_owners_are_swept() -> None:
     from sandbox.bwrap.cgroups import CgroupManager
 

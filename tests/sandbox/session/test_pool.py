@@ -13,8 +13,13 @@ from sandbox.session.pool import WorkerPool
 
 
 class FakeWorker:
-    def __init__(self) -> None:
+    def __init__(self, background: bool = False) -> None:
         self.killed = False
+        self.started_in_background = background
+        self.background = background
+
+    def foreground(self) -> None:
+        self.background = False
 
     def alive(self) -> bool:
         return not self.killed
@@ -35,7 +40,7 @@ class FakeLauncher:
         self.spawning_threads: set[int] = set()
         self._lock = threading.Lock()
 
-    def spawn(self, limits: object) -> FakeWorker:
+    def spawn(self, limits: object, background: bool = False) -> FakeWorker:
         if self.fail is not None:
             raise self.fail
         with self._lock:
@@ -46,7 +51,7 @@ class FakeLauncher:
         with self._lock:
             self.running -= 1
             self.started += 1
-        return FakeWorker()
+        return FakeWorker(background)
 
 
 def wait_for(cond, timeout_s: float = 5.0) -> bool:
@@ -66,6 +71,24 @@ def test_fills_to_size_with_concurrent_starts() -> None:
         assert launcher.most_at_once == 4  # not one at a time
         time.sleep(0.2)
         assert pool.ready_count == 4  # and no more than asked for while idle
+    finally:
+        pool.close()
+
+
+def test_refills_ahead_of_demand_boot_in_the_background_and_are_handed_out_in_the_foreground() -> None:
+    launcher = FakeLauncher(start_s=0.05)
+    pool = WorkerPool(launcher, DEFAULT_LIMITS, 3, max_starting=1)  # type: ignore[arg-type]
+    try:
+        assert pool.wait_ready(timeout_s=5)
+        first = [pool.acquire() for _ in range(3)]  # the pool is empty: a caller may be waiting
+        assert all(not w.background for w in first)  # handed out in the foreground, whatever they booted as
+        assert any(not w.started_in_background for w in first)  # the first start: no warm worker beside it
+        assert pool.wait_ready(timeout_s=5)
+        refills = [w for _, w in pool._ready]
+        assert any(w.started_in_background for w in refills)  # started while others were warm
+        assert any(w.background for w in refills)  # still low until handed out
+        handed = pool.acquire()
+        assert not handed.background
     finally:
         pool.close()
 
