@@ -23,22 +23,23 @@ loop: each client sends its next request when the last returns, for ``--seconds`
     python benchmarks/oneshot_bench.py [--seconds 8] [--concurrency 1 8 64] [--sandboxfusion PATH]
 
 Measured with ``--seconds 8 --concurrency 1 8 --sandboxfusion /tmp/sf`` (SandboxFusion 469de08) on
-the 2-core dev box, 2026-12-05 (AMD EPYC, load average 3.5 -> 4.3, mostly the benchmark itself),
-the zygote running each program as pid 1 of its namespace (sandbox/zygote_main.py) and plain
-requests taking the server's fast route (sandbox/http/server/fastpath.py):
+the 2-core dev box, 2026-12-05 (AMD EPYC, load average 1.2 -> 3.5, mostly the benchmark itself),
+the zygote running each program as pid 1 of its namespace in one of its slots' kept network
+namespaces (sandbox/zygote_main.py) and plain requests taking the server's fast route
+(sandbox/http/server/fastpath.py):
 
     system       conc   reqs   req/s   p50 ms   p99 ms  CPU ms/req
-    zygote          1   1175   146.9      6.7      8.9        5.66
-    zygote          8   2817   351.4     22.2     33.6        4.15
-    worker          1    137    17.1     56.9     76.7       49.30
-    worker          8    278    34.3    227.2    339.2       54.15
-    sandboxfusion   1    259    32.3     29.8     40.5       30.30
-    sandboxfusion   8    479    59.8    128.1    202.3       28.30
-    subprocess      1    523    64.9     15.1     21.8       15.40
-    subprocess      8    959   118.6     65.6     92.6       16.65
+    zygote          1   1509   188.6      5.2      6.9        4.52
+    zygote          8   3500   436.8     17.7     30.0        3.53
+    worker          1    152    18.9     52.1     65.3       43.58
+    worker          8    301    36.9    213.3    295.2       50.28
+    sandboxfusion   1    304    37.9     26.0     32.8       25.69
+    sandboxfusion   8    559    69.5    113.6    170.3       24.71
+    subprocess      1    542    67.3     14.7     16.8       14.79
+    subprocess      8   1044   129.2     60.9     79.3       15.29
 
-At concurrency 8 that is 5.9x SandboxFusion's req/s for 6.8x less CPU per request (4.9x and 5.7x
-in the run before it, load 1.0 -> 3.5, zygote 6.37 / 4.77 ms). At concurrency 1 each request also
+At concurrency 8 that is 6.3x SandboxFusion's req/s for 7.0x less CPU per request (4.6x and 5.3x
+in the run after it, load 3.5 -> 4.3, zygote 4.49 / 4.48 ms). At concurrency 1 each request also
 pays for waking idle processes, so its CPU is higher than at 8. One SandboxFusion cell in an
 earlier run took ~210 ms of CPU per request (repeated alone and in full runs: 25-30 ms), so look
 at two runs before trusting one.
