@@ -24,6 +24,9 @@ What it measures (medians over repeats; the machine is shared, so read ratios, n
    and other jobs on the cores, or this process's other threads holding the GIL; no overlap hides
    it). The engine thread's CPU time is time.thread_time() around each generate call, in the
    collector and in the replay alike.
+   Every collect and every replay starts from the same state: the engine's kept KV released, a gc
+   pass, and (with the sandbox) a full worker pool after 1 s of quiet, as after a learner step
+   (--back-to-back: no wait; see BenchConfig.back_to_back). The per-repeat ratios are printed too.
 
 8. With --turn-cost: what one turn costs as the episode grows (issue "Long horizons"). B episodes
    play T turns in lock-step straight on the engine; every turn feeds the same number of new
@@ -37,6 +40,7 @@ session (bubblewrap when installed), the default sandbox of our environments.
 
 Run:  python benchmarks/rollout_bench.py [--engines hf vllm] [--envs scripted sandbox]
       [--tasks 8 --group-size 4 --turns 3 --max-new-tokens 32 --repeats 3] [--pin] [--stop-fraction 0.05]
+      [--back-to-back]
       --pin: the trainer's process on CPU 0, every sandbox process on CPU 1 (fair CPU accounting on a
       2-core box: see pin_thread); --stop-fraction: turns of varying length (see BenchConfig).
       python benchmarks/rollout_bench.py --turn-cost [--engines hf vllm --tasks 8 --turns 16
