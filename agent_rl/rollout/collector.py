@@ -522,7 +522,7 @@ class Collector:
         traj.log_probs.extend(completion.log_probs)
         traj.token_rewards.extend([0.0] * n)
         traj.num_policy_tokens += n
-        traj.check()
+        traj.check(deep=False)  # the batch builder checks every token once
 
     @staticmethod
     def _append_env(traj: Trajectory, delta: list[int]) -> None:
@@ -532,7 +532,7 @@ class Collector:
         traj.log_probs.extend([0.0] * n)
         traj.token_rewards.extend([0.0] * n)
         traj.num_tool_tokens += n
-        traj.check()
+        traj.check(deep=False)  # the batch builder checks every token once
 
 
 class _Episode:

@@ -90,8 +90,10 @@ class Trajectory:
         """False when an infrastructure failure, not the policy, decided the outcome."""
         return self.infra_error is None
 
-    def check(self) -> None:
-        """Raise if the response lists disagree; cheap enough to run after every turn."""
+    def check(self, *, deep: bool = True) -> None:
+        """Raise if the response lists disagree. ``deep=False`` checks the lengths only (O(1)): the
+        collector's per-turn check, since reading every token after every turn is O(turns x tokens)
+        over a long episode; the batch builder runs the deep check once per trajectory."""
         n = len(self.response_ids)
         lengths = {
             "response_mask": len(self.response_mask),
@@ -101,6 +103,13 @@ class Trajectory:
         bad = {k: v for k, v in lengths.items() if v != n}
         if bad:
             raise AssertionError(f"trajectory {self.traj_id}: {n} response ids but {bad}")
+        if self.num_policy_tokens + self.num_tool_tokens != n:
+            raise AssertionError(
+                f"trajectory {self.traj_id}: {n} response ids but {self.num_policy_tokens} sampled + "
+                f"{self.num_tool_tokens} tool/template tokens"
+            )
+        if not deep:
+            return
         if any(m not in (0, 1) for m in self.response_mask):
             raise AssertionError(f"trajectory {self.traj_id}: response_mask has values other than 0/1")
         masked = sum(self.response_mask)

@@ -53,6 +53,11 @@ def test_check_catches_misaligned_lists() -> None:
     traj.log_probs[2] = -0.7
     with pytest.raises(AssertionError, match="mask-0 token"):
         traj.check()
+    traj.check(deep=False)  # the collector's per-turn check reads lengths only
+    traj = make()
+    traj.num_tool_tokens += 1  # counts that disagree with the lists: found without reading tokens
+    with pytest.raises(AssertionError, match="3 sampled \\+ 3 tool"):
+        traj.check(deep=False)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
