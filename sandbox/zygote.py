@@ -41,6 +41,7 @@ from sandbox.session.protocol import ChannelError
 log = logging.getLogger("sandbox")
 
 ZYGOTE_PATH = Path(__file__).resolve().parent / "zygote_main.py"
+NAMESPACES_PATH = ZYGOTE_PATH.with_name("namespaces.py")
 REPLY_GRACE_S = 10.0
 """How long past a request's own timeout the host waits for the zygote before giving up on it."""
 
@@ -51,7 +52,7 @@ class ZygoteLauncher(Launcher):
     def __init__(self, config: LaunchConfig, extra: dict[str, Any] | None = None) -> None:
         super().__init__(config)
         self.extra = dict(extra or {})
-        self._worker_source = prepend_to(ZYGOTE_PATH.read_text())
+        self._worker_source = prepend_to(NAMESPACES_PATH.read_text() + "\n" + ZYGOTE_PATH.read_text())
         self._worker_code = compile_worker(config.python, self._worker_source)
 
     def worker_config(self, limits: Limits, workdir: str) -> dict[str, object]:

@@ -63,8 +63,6 @@ hold), and ``gc.freeze()`` keeps the collector in a child from touching, and so 
 preloaded heap.
 """
 
-import ctypes
-import ctypes.util
 import gc
 import json
 import mmap
@@ -76,7 +74,24 @@ import struct
 import sys
 import time
 
-if "Pipes" not in globals():  # in the repository; shipped, the host put output_pipes.py in front
+if "Pipes" not in globals():  # in the repository; shipped, the host put these files in front
+    from sandbox.namespaces import (
+        CLONE_NEWIPC,
+        CLONE_NEWNET,
+        CLONE_NEWNS,
+        CLONE_NEWPID,
+        CLONE_NEWUSER,
+        CLONE_NEWUTS,
+        CLONE_PARENT,
+        PR_SET_DUMPABLE,
+        PR_SET_PDEATHSIG,
+        _clone,
+        _drop_capabilities,
+        _libc,
+        _map_ids,
+        _private_scratch,
+        _tid_slot,
+    )
     from sandbox.output_pipes import Pipes
 
 # "The usual imports": what one-shot programs commonly import, loaded once here instead of per
@@ -107,11 +122,6 @@ import base64  # noqa: E402
 import collections  # noqa: E402
 import traceback  # noqa: E402
 
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-CLONE_CHILD_SETTID, CLONE_PARENT = 0x01000000, 0x00008000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 4, 24, 38, 47
 _HEADER = struct.Struct(">I")
 _PAGE = struct.Struct("=iI")
 """The shared page's head: the signal the program ended by (S is pid 1), the length of S's error."""
@@ -125,104 +135,11 @@ _NOT_DEADLY = {"SIGKILL", "SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGCONT",
                "SIGWINCH", "SIGINT", "SIGPIPE", "SIGXFSZ", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL",
                "SIGTRAP"}  # fmt: skip
 _DEADLY = frozenset(s for s in signal.valid_signals() if getattr(s, "name", "SIGRT") not in _NOT_DEADLY)
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_api = ctypes.pythonapi
-_libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
-
-
-def _check(rc, what):
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _mount(source, target, fstype, flags, data=None):
-    _check(_libc.mount(source, target.encode(), fstype, flags, data), f"mount {target}")
-
-
-def _drop_capabilities():
-    """No capability left in any set, none to regain: the bounding set empty, no_new_privs on."""
-    for cap in range(64):
-        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            break  # EINVAL: past the last capability this kernel knows
-    _libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
-    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable x 2 words: all zero
-    _check(_libc.syscall(126, header, data), "capset")  # SYS_capset on x86_64
-    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-
-
-def _write(path, text):
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
-def _tid_slot():
-    """The address of glibc's cached thread id for this (main) thread, or 0 when it cannot be found.
-
-    A raw clone leaves the child's copy stale (the zygote's tid), and glibc uses it for recursive
-    mutexes and pthread calls on the main thread; since the program runs in the clone, S must look
-    like a glibc fork's child. fork() passes this address as CLONE_CHILD_SETTID so the kernel writes
-    the child's tid there; _clone does the same. Its offset in struct pthread varies between glibc
-    builds, so it is found: the int that holds our tid here and the child's tid in a forked child.
-    """
-    _libc.pthread_self.restype = ctypes.c_ulong
-    base = _libc.pthread_self()
-    words = (ctypes.c_int * 576).from_address(base)  # struct pthread is ~2.3 KiB on x86_64
-    here = [i for i in range(576) if words[i] == os.getpid()]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.write(w, json.dumps([i for i in here if words[i] == os.getpid()]).encode())
-        os._exit(0)
-    os.close(w)
-    found = json.loads(os.read(r, 4096) or b"[]")
-    os.close(r)
-    os.waitpid(pid, 0)
-    return base + 4 * found[0] if len(found) == 1 else 0
-
-
-def _clone(tid_slot, flags):
-    """fork() into the namespaces ``flags`` asks for, in one step (raw clone(2)).
-
-    One process instead of fork + unshare + fork: the child is pid 1 of its own namespace, and
-    fork's CPU cost (copying and tearing down the page tables) dominates a one-shot's. Python's
-    fork bookkeeping runs around it as os.fork() would, and glibc's cached tid is set as fork()
-    sets it (``tid_slot``, see _tid_slot).
-    """
-    if tid_slot:
-        flags |= CLONE_CHILD_SETTID
-    _api.PyOS_BeforeFork()
-    pid = _libc.syscall(56, flags | signal.SIGCHLD, 0, 0, ctypes.c_void_p(tid_slot), 0)  # SYS_clone, x86_64
-    if pid == 0:
-        _api.PyOS_AfterFork_Child()
-        return 0
-    err = ctypes.get_errno()
-    _api.PyOS_AfterFork_Parent()
-    if pid < 0:
-        raise OSError(err, f"clone: {os.strerror(err)}")
-    return pid
-
-
-def _map_ids(uid, gid):
-    """(in a new user namespace) Map only our own uid and gid, as themselves."""
-    _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"{uid} {uid} 1")
-    _write("/proc/self/gid_map", f"{gid} {gid} 1")
 
 
 def _isolate(req, uid, gid):
     """(in S) Map only our uid, an empty private scratch, a /proc of this namespace only."""
-    _map_ids(uid, gid)
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    size = f"size={int(req['disk_bytes'])},mode=1777".encode()
-    for target in ("/tmp", "/workspace", "/dev/shm"):
-        if os.path.isdir(target):
-            _mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV, size)
-    _mount(b"proc", "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _private_scratch(uid, gid, req["disk_bytes"])
 
 
 def _limit(req, nproc):
