@@ -49,7 +49,10 @@ CONFIG_JSON (all keys optional): ``memory_bytes`` (RLIMIT_AS), ``nproc`` (RLIMIT
 and threads of the sandbox uid), ``nofile`` (RLIMIT_NOFILE), ``fsize_bytes`` (RLIMIT_FSIZE),
 ``session_cpu_s`` (hard RLIMIT_CPU: the whole session's CPU budget), ``own_pid_namespace`` (true
 when the worker is pid 2 under bubblewrap's init: strays are found through /proc; otherwise the
-worker becomes a child subreaper and kills its descendants), ``workdir``.
+worker becomes a child subreaper and kills its descendants), ``workdir``, ``template`` (this
+process is a session template, sandbox/session_template.py: each session's worker is a clone of
+it, and the protocol runs over pipes the host sends per session) and ``disk_bytes`` (the size of
+each session's /tmp and /workspace under a template).
 
 What is covered: resource limits the kernel enforces per process (rlimits), capture of all output,
 clean-up of every process a cell starts. What is not covered here: namespaces, cgroups, wall-clock
@@ -605,6 +608,9 @@ def _undo_ignored_signals():
 
 def main(argv):
     config = _loads(argv[1]) if len(argv) > 1 and argv[1] else {}
+    if config.get("template"):
+        # session_template.py, shipped in front of this file: returns in each session's worker.
+        serve_sessions(config)  # noqa: F821
     _undo_ignored_signals()
     _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
     worker = _Worker(config)

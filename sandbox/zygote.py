@@ -51,6 +51,7 @@ class ZygoteLauncher(Launcher):
 
     def __init__(self, config: LaunchConfig, extra: dict[str, Any] | None = None) -> None:
         super().__init__(config)
+        self.template = False  # its "worker" is the zygote, one process for many requests
         self.extra = dict(extra or {})
         self._worker_source = prepend_to(NAMESPACES_PATH.read_text() + "\n" + ZYGOTE_PATH.read_text())
         self._worker_code = compile_worker(config.python, self._worker_source)

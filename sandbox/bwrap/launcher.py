@@ -35,6 +35,7 @@ import queue
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -49,10 +50,12 @@ from sandbox.bwrap.cgroups import CgroupManager, WorkerCgroup
 from sandbox.limits import Limits
 from sandbox.result import SandboxUnavailable
 from sandbox.session.protocol import ChannelError, WorkerChannel
+from sandbox.session_template import ISOLATION_MESSAGE
 
 log = logging.getLogger("sandbox")
 
 WORKER_PATH = Path(__file__).resolve().parents[1] / "worker.py"
+TEMPLATE_PATHS = tuple(WORKER_PATH.with_name(n) for n in ("namespaces.py", "session_template.py"))
 _BOOTSTRAP = """\
 import marshal, os
 def _read(n):
@@ -141,6 +144,10 @@ class LaunchConfig:
     extra_ro_binds: tuple[str, ...] = ()
     """Host paths bound read-only at the same place (e.g. a venv whose python the workers run)."""
     start_timeout_s: float = 20.0
+    recycle: bool = True
+    """Under bubblewrap, keep each worker's sandbox after its session and clone the next session's
+    worker from a template in it (sandbox/session_template.py): ~21 ms of CPU per session becomes
+    a few. Off: one bubblewrap process per session, as before."""
 
 
 class UidAllocator:
@@ -224,7 +231,11 @@ class Launcher:
         self.uids = UidAllocator(config.uid_base, config.uid_count) if self.is_root else None
         self.setpriv = shutil.which("setpriv") if self.is_root else None
         self.cgroups = CgroupManager(enabled=config.cgroups and config.isolation == "bwrap")
+        self.template = config.isolation == "bwrap" and config.recycle
+        """Whether workers are session templates (recyclable); off for good if the host cannot."""
         self._worker_source = WORKER_PATH.read_text()
+        if self.template:
+            self._worker_source = "\n".join([*(p.read_text() for p in TEMPLATE_PATHS), self._worker_source])
         self._worker_code = compile_worker(config.python, self._worker_source)
         if config.isolation == "bwrap" and not bwrap_path():
             raise SandboxUnavailable("bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap")
@@ -245,7 +256,14 @@ class Launcher:
         """``background``: boot at the lowest CPU weight until ``foreground`` (see cgroups.py)."""
         uid = self.uids.take() if self.uids else None
         try:
-            return WorkerProcess(self, limits, uid, background)
+            try:
+                return WorkerProcess(self, limits, uid, background)
+            except SandboxUnavailable as err:
+                if not (self.template and ISOLATION_MESSAGE in str(err)):
+                    raise
+                log.warning("sandbox: no session templates on this host, one sandbox per session: %s", err)
+                self.template = False
+                return WorkerProcess(self, limits, uid, background)
         except BaseException as err:
             if uid is not None and self.uids:
                 self.uids.give(uid)
@@ -266,6 +284,8 @@ class Launcher:
             "session_cpu_s": limits.session_cpu_s,
             "own_pid_namespace": self.config.isolation == "bwrap",
             "workdir": workdir,
+            "template": self.template,
+            "disk_bytes": limits.disk_mb << 20,
         }
 
     def bwrap_argv(self, limits: Limits, info_fd: int, block_fd: int) -> list[str]:
@@ -322,6 +342,10 @@ class WorkerProcess:
         self.cgroup: WorkerCgroup | None = None
         self.ns_init_pid: int | None = None
         self.workdir_host: str | None = None
+        self.control: socket.socket | None = None
+        """The template's control socket (sandbox/session_template.py); None: one session only."""
+        self.sessions = 0
+        self._pipes: tuple[int, int] = (-1, -1)
         self._killed = False
         self._stopped_by: str | None = None
         self._lock = threading.Lock()
@@ -332,12 +356,13 @@ class WorkerProcess:
                 self._start_bwrap(limits)
             else:
                 self._start_plain(limits)
-            launcher.send_worker_code(self.proc.stdin.fileno())
-            self.channel = WorkerChannel(self.proc.stdout.fileno(), self.proc.stdin.fileno())
-            ready = self.channel.recv(cfg.start_timeout_s)
-            if ready.get("op") != "ready":
-                raise SandboxUnavailable(f"worker sent {ready!r} instead of ready")
-            self.python_version = ready.get("python")
+            if self.control is None:
+                launcher.send_worker_code(self.proc.stdin.fileno())
+                self.channel = WorkerChannel(self.proc.stdout.fileno(), self.proc.stdin.fileno())
+                self._wait_ready()
+            else:
+                launcher.send_worker_code(self.control.fileno())
+                self._open_session()
         except ChannelError as e:
             err = self._stderr_tail()
             self.kill()
@@ -345,6 +370,54 @@ class WorkerProcess:
         except BaseException:
             self.kill()
             raise
+
+    def _wait_ready(self) -> None:
+        ready = self.channel.recv(self.launcher.config.start_timeout_s)
+        if ready.get("op") != "ready":
+            raise SandboxUnavailable(f"worker sent {ready!r} instead of ready")
+        self.python_version = ready.get("python")
+
+    def _open_session(self) -> None:
+        """Send the template a fresh pair of pipes: it ends the last session, clones the next."""
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        old, self._pipes = self._pipes, (rep_r, req_w)
+        try:
+            assert self.control is not None
+            socket.send_fds(self.control, [b"s"], [req_r, rep_w])
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+        self.channel = WorkerChannel(rep_r, req_w)
+        # The old pipes stay open until the old session is gone: its worker would exit on EOF,
+        # and the template would take that for a crash and end the sandbox.
+        self._wait_ready()
+        _close_all(old)
+        self.sessions += 1
+
+    @property
+    def recyclable(self) -> bool:
+        """Whether ``recycle`` can work: a template runs in this sandbox."""
+        return self.control is not None
+
+    def recycle(self) -> bool:
+        """Make this sandbox ready for a new session (a fresh worker cloned from its template).
+
+        False when it cannot be reused: no template, stopped, dead, or its cgroup saw an OOM kill
+        (the counters that tell a limit from a crash would carry over). The caller then kills it.
+        """
+        with self._lock:
+            if self._killed or self.control is None or self._stopped_by is not None:
+                return False
+        if self.proc.poll() is not None or self.oom_killed():
+            return False
+        try:
+            self._open_session()
+        except (OSError, ChannelError, SandboxUnavailable) as e:
+            log.info("sandbox: worker %s not recycled: %s", self.name, e)
+            return False
+        self.name = f"w{os.getpid()}-{next(_counter)}"  # a new session's worker: a new id
+        return True
 
     # -- start ------------------------------------------------------------------------------
     def _popen(self, argv: list[str], **extra: object) -> subprocess.Popen[bytes]:
@@ -389,7 +462,12 @@ class WorkerProcess:
                 limits.processes + 8,
                 background=self.background,
             )
-            self.proc = self._popen(argv, pass_fds=(info_w, block_r))
+            if launcher.template:
+                self.control, theirs = socket.socketpair()
+                with theirs:
+                    self.proc = self._popen(argv, pass_fds=(info_w, block_r), stdin=theirs, stdout=theirs)
+            else:
+                self.proc = self._popen(argv, pass_fds=(info_w, block_r))
             os.close(info_w)
             info_w = -1
             os.close(block_r)
@@ -526,6 +604,10 @@ class WorkerProcess:
                     stream.close()
         else:
             clean = False
+        if self.control is not None:
+            self.control.close()
+        _close_all(self._pipes)
+        self._pipes = (-1, -1)
         if self.cgroup is not None:
             self.cgroup.remove()
         if self.workdir_host:
@@ -533,6 +615,13 @@ class WorkerProcess:
         if self.uid is not None and self.launcher.uids:
             self.launcher.uids.give(self.uid, clean=clean)
             self.uid = None
+
+
+def _close_all(fds: tuple[int, ...]) -> None:
+    for fd in fds:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _signal_name(n: int) -> str:

@@ -18,6 +18,14 @@ good as its refill. Two things keep it ahead of demand:
   for bursts, up to ``max_size``. It shrinks back when demand stops; surplus warm workers are
   retired after ``idle_retire_s``.
 
+Workers come back. A launcher whose workers can ``recycle`` (bubblewrap's, sandbox/session_template.py)
+gets a session's worker back when the session closes cleanly: a fresh worker is cloned in the same
+sandbox in a few ms, and it rejoins the warm list. So an RL collect that opens a session per episode
+and closes them all at the end reuses the same sandboxes every step instead of booting a worker per
+episode while the engine generates. Workers handed out in the last ``idle_retire_s`` count as
+coming back, so the fillers do not boot replacements for them ahead of demand (a waiter still gets
+a start at once); a worker that fails, hits a limit or is closed mid-cell is killed, never reused.
+
 A start made ahead of demand (warm workers left, nobody waiting) boots at the lowest CPU weight
 where the launcher can set one (sandbox/bwrap/cgroups.py) and gets the default weight when handed
 out: running sessions' cells go before refills.
@@ -77,6 +85,10 @@ class WorkerPool:
         self._starting_bg = 0
         """Of ``_starting``, those booting in the background: no waiter counts on them."""
         self._waiting = 0
+        self._out: dict[WorkerHandle, float] = {}
+        """Recyclable workers handed out, with when: they are expected back (see the module doc)."""
+        self._recycling = 0
+        self.recycled = 0
         self._demand: collections.deque[float] = collections.deque()
         self._start_s = 0.1  # moving average of how long a worker takes to start
         self._failed_at = 0.0
@@ -84,7 +96,8 @@ class WorkerPool:
         self.warm_hits = 0
         self.cold_starts = 0
         self.last_error: str | None = None
-        self._reap_q: queue.Queue[WorkerHandle | None] = queue.Queue()
+        self._reap_q: queue.Queue[tuple[WorkerHandle, bool] | None] = queue.Queue()
+        """Workers to kill, or (flag set) to recycle back into the pool if they can be."""
         # A kill is ~0.7 ms of our CPU but 5-10 ms of waiting for the kernel to tear the
         # namespaces down; one reaper thread would cap one-shots at 100-200/s.
         self._reapers = [
@@ -115,9 +128,17 @@ class WorkerPool:
     def _note_demand(self) -> None:
         self._demand.append(time.monotonic())
 
+    def _coming_back(self) -> int:
+        """Workers being recycled or handed out recently enough to be expected back (lock held)."""
+        recent = time.monotonic() - self.idle_retire_s
+        for worker in [w for w, t in self._out.items() if t < recent]:
+            del self._out[worker]  # out for long: a long-lived session, or one whose worker died
+        return self._recycling + len(self._out)
+
     def _wanted(self) -> int:
         """Workers to start now (call with the lock held): the shortfall, waiters included."""
-        short = self.target + self._waiting - len(self._ready) - self._starting
+        expected = self._coming_back() if self._waiting == 0 else 0
+        short = self.target + self._waiting - len(self._ready) - self._starting - expected
         return min(short, self.max_starting - self._starting)
 
     # -- filling ----------------------------------------------------------------------------
@@ -154,7 +175,7 @@ class WorkerPool:
                 if not background:  # a background start's time is mostly waiting for idle CPU
                     self._start_s = 0.8 * self._start_s + 0.2 * (time.monotonic() - t0)
                 if self._closed:
-                    self._reap_q.put(worker)
+                    self._reap_q.put((worker, False))
                     return
                 self._ready.append((time.monotonic(), worker))
                 self._cond.notify_all()
@@ -163,7 +184,7 @@ class WorkerPool:
         """Kill warm workers beyond the target that have waited ``idle_retire_s`` (lock held)."""
         now = time.monotonic()
         while len(self._ready) > self.target and now - self._ready[0][0] > self.idle_retire_s:
-            self._reap_q.put(self._ready.popleft()[1])
+            self._reap_q.put((self._ready.popleft()[1], False))
 
     @property
     def ready_count(self) -> int:
@@ -186,9 +207,14 @@ class WorkerPool:
                 foreground = getattr(worker, "foreground", None)  # launchers without CPU weights lack it
                 if foreground is not None:
                     foreground()
+                self._hand_out(worker)
                 return worker
-            self._reap_q.put(worker)
+            self._reap_q.put((worker, False))
         return None
+
+    def _hand_out(self, worker: WorkerHandle) -> None:
+        if getattr(worker, "recyclable", False):
+            self._out[worker] = time.monotonic()
 
     def try_acquire(self, limits: Limits | None = None) -> WorkerHandle | None:
         """A warm worker at once, or None (then call ``acquire`` on a thread: it may wait)."""
@@ -228,6 +254,8 @@ class WorkerPool:
         worker = self.launcher.spawn(limits)
         with self._cond:
             self.cold_starts += 1
+            if limits.session_key() == self.limits.session_key():
+                self._hand_out(worker)
         return worker
 
     def warm_ids(self) -> list[str]:
@@ -237,17 +265,38 @@ class WorkerPool:
 
     # -- clean-up ---------------------------------------------------------------------------
     def release(self, worker: WorkerHandle) -> None:
-        self._reap_q.put(worker)
+        """A session is done with ``worker``: it comes back to the pool if it can, else it is killed."""
+        with self._cond:
+            recycle = self._out.pop(worker, None) is not None and not self._closed
+            self._recycling += recycle
+        self._reap_q.put((worker, recycle))
 
     def _reap_loop(self) -> None:
         while True:
-            worker = self._reap_q.get()
-            if worker is None:
+            item = self._reap_q.get()
+            if item is None:
                 return
+            worker, recycle = item
             try:
-                worker.kill()
+                if not (recycle and self._recycle(worker)):
+                    worker.kill()
             except Exception as e:  # never let one bad worker stop clean-up of the rest
                 log.error("sandbox/pool: failed to kill a worker: %s", e)
+
+    def _recycle(self, worker: WorkerHandle) -> bool:
+        try:
+            ok = worker.recycle()  # type: ignore[attr-defined]
+        finally:
+            with self._cond:
+                self._recycling -= 1
+                self._cond.notify_all()
+        with self._cond:
+            if not ok or self._closed or len(self._ready) >= self.max_size:
+                return False
+            self._ready.append((time.monotonic(), worker))
+            self.recycled += 1
+            self._cond.notify_all()
+            return True
 
     def close(self) -> None:
         with self._cond:
@@ -259,6 +308,7 @@ class WorkerPool:
             t.join(timeout=30)
         for worker in ready:
             worker.kill()
+        self._out.clear()
         for _ in self._reapers:
             self._reap_q.put(None)
         for t in self._reapers:
