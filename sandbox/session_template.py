@@ -111,6 +111,9 @@ def _become_session(fds, uid, gid, disk_bytes):
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the session's code (same uid) cannot ptrace its init
     worker = os.fork()
     if worker == 0:
+        # The worker is dumpable again, as it is without templates: its /proc/self entries are its
+        # own (tools read /proc/self/fd, /proc/self/mem); its init above stays out of its reach.
+        _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         _drop_capabilities()
         os.setsid()
         return

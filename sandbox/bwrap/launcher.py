@@ -397,8 +397,8 @@ class WorkerProcess:
 
     @property
     def recyclable(self) -> bool:
-        """Whether ``recycle`` can work: a template runs in this sandbox."""
-        return self.control is not None
+        """Whether ``recycle`` may work: a template runs in this sandbox, not killed or stopped."""
+        return self.control is not None and not self._killed and self._stopped_by is None
 
     def recycle(self) -> bool:
         """Make this sandbox ready for a new session (a fresh worker cloned from its template).

@@ -131,8 +131,8 @@ class WorkerPool:
     def _coming_back(self) -> int:
         """Workers being recycled or handed out recently enough to be expected back (lock held)."""
         recent = time.monotonic() - self.idle_retire_s
-        for worker in [w for w, t in self._out.items() if t < recent]:
-            del self._out[worker]  # out for long: a long-lived session, or one whose worker died
+        for worker in [w for w, t in self._out.items() if t < recent or not w.recyclable]:
+            del self._out[worker]  # out for long (a long-lived session) or killed (a limit, a crash)
         return self._recycling + len(self._out)
 
     def _wanted(self) -> int:

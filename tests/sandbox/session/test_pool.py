@@ -28,11 +28,30 @@ class FakeWorker:
         self.killed = True
 
 
+class RecyclableWorker(FakeWorker):
+    """A worker whose sandbox can take another session (sandbox/session_template.py)."""
+
+    def __init__(self, background: bool = False, ok: bool = True) -> None:
+        super().__init__(background)
+        self.ok = ok
+        self.sessions = 1
+
+    @property
+    def recyclable(self) -> bool:
+        return not self.killed
+
+    def recycle(self) -> bool:
+        if self.ok:
+            self.sessions += 1
+        return self.ok
+
+
 class FakeLauncher:
     """Starts take ``start_s``; records how many ran at once; can be made to fail."""
 
     def __init__(self, start_s: float = 0.05) -> None:
         self.start_s = start_s
+        self.worker_type: type[FakeWorker] = FakeWorker
         self.fail: Exception | None = None
         self.running = 0
         self.most_at_once = 0
@@ -51,7 +70,7 @@ class FakeLauncher:
         with self._lock:
             self.running -= 1
             self.started += 1
-        return FakeWorker(background)
+        return self.worker_type(background)
 
 
 def wait_for(cond, timeout_s: float = 5.0) -> bool:
@@ -160,5 +179,62 @@ def test_other_limits_and_a_zero_size_pool_start_their_own_worker() -> None:
         assert pool.acquire() is not None and pool.ready_count == 0 and pool.target == 0
         other = DEFAULT_LIMITS.updated({"memory_mb": 256}, DEFAULT_LIMITS)
         assert pool.try_acquire(other) is None and pool.acquire(other) is not None
+    finally:
+        pool.close()
+
+
+def test_released_workers_come_back_instead_of_being_replaced() -> None:
+    launcher = FakeLauncher(start_s=0.02)
+    launcher.worker_type = RecyclableWorker
+    pool = WorkerPool(launcher, DEFAULT_LIMITS, 2, max_starting=2)  # type: ignore[arg-type]
+    try:
+        assert pool.wait_ready(timeout_s=5)
+        started = launcher.started
+        for _ in range(5):  # an RL collect: every episode takes a worker, all end together
+            got = [pool.acquire() for _ in range(2)]
+            time.sleep(0.1)  # the engine generates: the fillers must not boot replacements
+            assert launcher.started == started, "out workers count as coming back"
+            for w in got:
+                pool.release(w)
+            assert wait_for(lambda: pool.ready_count == 2)
+        assert pool.recycled == 10 and launcher.started == started
+        assert all(not w.killed and w.sessions == 6 for _, w in pool._ready)
+    finally:
+        pool.close()
+
+
+def test_a_worker_that_cannot_come_back_is_killed_and_replaced() -> None:
+    launcher = FakeLauncher(start_s=0.02)
+    launcher.worker_type = RecyclableWorker
+    pool = WorkerPool(launcher, DEFAULT_LIMITS, 1)  # type: ignore[arg-type]
+    try:
+        assert pool.wait_ready(timeout_s=5)
+        w = pool.acquire()
+        w.ok = False  # e.g. its cgroup saw an OOM kill
+        pool.release(w)
+        assert wait_for(lambda: w.killed and pool.ready_count == 1)
+        assert pool.recycled == 0 and launcher.started == 2
+        # A worker its session killed (a limit, a crash) stops counting as coming back at once.
+        dead = pool.acquire()
+        dead.kill()
+        assert wait_for(lambda: pool.ready_count == 1) and launcher.started == 3
+    finally:
+        pool.close()
+
+
+def test_a_waiter_does_not_wait_for_workers_coming_back() -> None:
+    launcher = FakeLauncher(start_s=0.02)
+    launcher.worker_type = RecyclableWorker
+    pool = WorkerPool(launcher, DEFAULT_LIMITS, 1, max_size=1)  # type: ignore[arg-type]
+    try:
+        assert pool.wait_ready(timeout_s=5)
+        held = pool.acquire()
+        t = time.monotonic()
+        other = pool.acquire()  # nothing warm, one out: this caller gets a start, not a wait
+        assert other is not held and time.monotonic() - t < 1
+        pool.release(held)
+        pool.release(other)
+        assert wait_for(lambda: pool.recycled + sum(w.killed for w in (held, other)) == 2)
+        assert pool.ready_count <= pool.max_size  # the pool keeps its bound
     finally:
         pool.close()
