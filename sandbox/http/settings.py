@@ -87,6 +87,10 @@ class SandboxSettings(BaseModel):
     sandboxed interpreter into fresh namespaces (sandbox/zygote.py; needs bubblewrap, else the
     worker path is used); ``worker`` runs it in a fresh pooled worker, as every other one-shot."""
 
+    recycle: bool = True
+    """Under bubblewrap, reuse a session's sandbox for the next session (a fresh worker cloned
+    from a template in it, sandbox/session_template.py) instead of starting a new one."""
+
     @model_validator(mode="after")
     def _check(self) -> SandboxSettings:
         if not is_loopback(self.host) and self.auth_token is None:

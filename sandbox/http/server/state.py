@@ -226,4 +226,4 @@ class ServerState:
 def _launch_config(s: SandboxSettings) -> Any:
     from sandbox.bwrap.launcher import LaunchConfig
 
-    return LaunchConfig(python=s.python)
+    return LaunchConfig(python=s.python, recycle=s.recycle)

@@ -150,6 +150,13 @@ def test_non_loopback_bind_requires_token() -> None:
     assert s.auth_token is not None and s.auth_token.get_secret_value() == "tok" and s.pool_size == 3
 
 
+def test_sandbox_reuse_can_be_turned_off_from_the_environment() -> None:
+    from sandbox.http.server.state import _launch_config
+
+    assert _launch_config(SandboxSettings.from_env({})).recycle
+    assert not _launch_config(SandboxSettings.from_env({"SANDBOX_RECYCLE": "false"})).recycle
+
+
 def test_run_code_sandboxfusion_shape(api: TestClient) -> None:
     ok = api.post("/run_code", json={"code": "print(input())", "language": "python", "stdin": "hey\n"}).json()
     assert ok["status"] == "Success" and ok["run_result"]["status"] == "Finished"
