@@ -12,8 +12,6 @@ CPU is not counted.
 
 Systems: ``zygote`` and ``worker`` are the real server (``python -m sandbox serve``) with
 ``SANDBOX_ONESHOT`` set, driven over HTTP with SandboxFusion's ``/run_code`` body (what verl sends);
-``worker`` reuses each finished one-shot's sandbox for the next (sandbox/session_template.py) and
-``worker-fresh`` (``SANDBOX_RECYCLE=false``) boots a new bubblewrap worker per one-shot;
 ``sandboxfusion`` is bytedance/SandboxFusion's server driven with the same body, started as its
 image starts it (uvicorn, default ``local`` config: python isolation ``none``, one ``python file.py``
 subprocess per request, no namespaces or cgroups of its own); it runs when ``--sandboxfusion PATH``
@@ -148,19 +146,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(group: CpuGroup, system: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(group: CpuGroup, oneshot: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    oneshot = "worker" if system.startswith("worker") else system
     # The worker path gets the benchmark's usual full pool; the zygote needs none for /run_code.
-    env = {
-        **os.environ,
-        "SANDBOX_ONESHOT": oneshot,
-        "SANDBOX_POOL_SIZE": "8" if oneshot == "worker" else "1",
-        "SANDBOX_RECYCLE": "false" if system == "worker-fresh" else "true",
-    }
+    pool = "8" if oneshot == "worker" else "1"
+    env = {**os.environ, "SANDBOX_ONESHOT": oneshot, "SANDBOX_POOL_SIZE": pool}
     argv = ["nice", "-n", "19", sys.executable, "-m", "sandbox", "serve", "--port", str(port)]
     proc = group.in_group(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return proc, wait_ready(proc, f"http://127.0.0.1:{port}", "/readyz", 120, f"the {system} server")
+    return proc, wait_ready(proc, f"http://127.0.0.1:{port}", "/readyz", 120, f"the {oneshot} server")
 
 
 def wait_ready(proc: subprocess.Popen[bytes], url: str, probe: str, timeout_s: float, name: str) -> str:
@@ -286,9 +279,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=8.0, help="closed-loop time per cell")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
-    ap.add_argument(
-        "--systems", nargs="+", default=["zygote", "worker", "worker-fresh", "sandboxfusion", "subprocess"]
-    )
+    ap.add_argument("--systems", nargs="+", default=["zygote", "worker", "sandboxfusion", "subprocess"])
     ap.add_argument("--sandboxfusion", metavar="PATH", help="a SandboxFusion checkout (or SANDBOXFUSION_DIR)")
     args = ap.parse_args()
     print(f"load average at start: {os.getloadavg()}; {os.cpu_count()} CPUs")

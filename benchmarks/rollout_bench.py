@@ -716,6 +716,12 @@ def main(argv: list[str] | None = None) -> int:
         if sandbox is not None:
             sandbox.close()
     print_table(rows, cfg)
+    if sandbox is not None:
+        p = sandbox.pool
+        print(
+            f"sandbox pool over the run: {p.booted} workers booted ahead of demand, {p.cold_starts} "
+            f"started for a waiting session, {p.recycled} came back after a session"
+        )
     return 0
 
 

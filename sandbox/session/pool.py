@@ -89,6 +89,9 @@ class WorkerPool:
         """Recyclable workers handed out, with when: they are expected back (see the module doc)."""
         self._recycling = 0
         self.recycled = 0
+        """Workers that came back after a session (see the module doc)."""
+        self.booted = 0
+        """Workers the fillers started (cold starts are counted apart)."""
         self._demand: collections.deque[float] = collections.deque()
         self._start_s = 0.1  # moving average of how long a worker takes to start
         self._failed_at = 0.0
@@ -177,6 +180,7 @@ class WorkerPool:
                 if self._closed:
                     self._reap_q.put((worker, False))
                     return
+                self.booted += 1
                 self._ready.append((time.monotonic(), worker))
                 self._cond.notify_all()
 
