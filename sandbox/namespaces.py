@@ -13,7 +13,8 @@ import signal
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 CLONE_CHILD_SETTID, CLONE_PARENT = 0x01000000, 0x00008000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
+MS_REC, MS_PRIVATE = 0x4000, 0x40000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 4, 24, 38, 47
 
 _libc = ctypes.CDLL(None, use_errno=True)  # the interpreter's own libc; no ctypes.util (15 ms)
@@ -107,11 +108,19 @@ def _map_ids(uid, gid):
 
 def _private_scratch(uid, gid, disk_bytes):
     """(first thing in a new user + mount + pid namespace) Map only our ids; empty, private /tmp,
-    /workspace and /dev/shm of ``disk_bytes`` each; a /proc that shows only this pid namespace."""
+    /workspace and /dev/shm of ``disk_bytes`` each; a /proc that shows only this pid namespace.
+
+    /dev goes read-only: it is bubblewrap's tmpfs, owned by the sandbox uid and shared by every
+    program cloned in that sandbox, so a file made there would reach the next one. Its device
+    nodes are bind mounts of their own and stay writable (writing to /dev/null is not a write to
+    the filesystem that holds it).
+    """
     _map_ids(uid, gid)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     size = f"size={int(disk_bytes)},mode=1777".encode()
     for target in ("/tmp", "/workspace", "/dev/shm"):
         if os.path.isdir(target):
             _mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV, size)
+    if os.path.isdir("/dev"):
+        _mount(None, "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     _mount(b"proc", "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)

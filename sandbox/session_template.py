@@ -21,6 +21,7 @@ What a session cannot pass to the next one in the same sandbox:
 * processes, sockets, timers: C is pid 1 of the session's pid namespace; when T kills C (or C
   ends), the kernel kills everything in it, and T's ``waitpid`` returns only after that;
 * files: /tmp, /workspace and /dev/shm are the session's own tmpfs, gone with its mount namespace;
+  nothing else is writable (bubblewrap's /dev, which outlives sessions, is read-only for them);
 * SysV IPC and POSIX message queues: the session's own ipc namespace;
 * memory: D is a copy of T, which never reads a request (the host talks to D, never to T);
 * the channel: each session gets new pipes, and the host closes the old ones, so a stray writer

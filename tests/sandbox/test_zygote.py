@@ -79,8 +79,11 @@ def gone(marker: str, timeout_s: float = 5.0) -> bool:
 def test_a_file_written_by_one_request_is_not_seen_by_the_next(http: TestClient) -> None:
     write = "import os\nfor p in ('/tmp/left', 'left', '/dev/shm/left'):\n    open(p, 'w').write('x')\nprint('ok')"
     assert stdout(run(http, write)) == "ok\n"
-    look = "import os\nprint([os.path.exists(p) for p in ('/tmp/left', 'left', '/dev/shm/left')])"
-    assert stdout(run(http, look)) == "[False, False, False]\n"
+    # /dev is the zygote's, shared by every program: read-only for them.
+    dev = "try:\n    open('/dev/left', 'w')\nexcept OSError as e:\n    print(e.errno)"
+    assert stdout(run(http, dev)) == "30\n"  # EROFS
+    look = "import os\nprint([os.path.exists(p) for p in ('/tmp/left', 'left', '/dev/shm/left', '/dev/left')])"
+    assert stdout(run(http, look)) == "[False, False, False, False]\n"
 
 
 # -- memory -----------------------------------------------------------------------------------

@@ -50,6 +50,13 @@ LEAVE_BEHIND = """
 import ctypes, os, socket, subprocess, sys
 for d in ('/tmp', '/workspace', '/dev/shm'):
     open(os.path.join(d, 'left-behind'), 'w').write('x')
+writable = [r for r, _, _ in os.walk('/') if not r.startswith(('/proc', '/sys')) and os.access(r, os.W_OK)]
+assert sorted(writable) == ['/dev/pts', '/dev/shm', '/tmp', '/workspace'], writable  # devpts: ptys only
+try:
+    open('/dev/left-behind', 'w')  # bubblewrap's /dev outlives the session: read-only for it
+    raise AssertionError('/dev is writable')
+except OSError:
+    pass
 os.environ['LEFT_BEHIND'] = '1'
 libc = ctypes.CDLL(None, use_errno=True)
 assert libc.shmget(0x5eed, 4096, 0o1666) >= 0, ctypes.get_errno()  # IPC_CREAT | 0666
@@ -89,6 +96,7 @@ import ctypes, json, os, socket
 left = []
 for d in ('/tmp', '/workspace', '/dev/shm'):
     left += [os.path.join(d, f) for f in os.listdir(d)]
+left += ['/dev/left-behind'] if os.path.exists('/dev/left-behind') else []
 if 'LEFT_BEHIND' in os.environ:
     left.append('environ')
 if ctypes.CDLL(None).shmget(0x5eed, 0, 0) >= 0:
