@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,13 @@ def settled_zombies(timeout_s: float = 5.0) -> list[str]:
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.05)
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Poll ``cond`` until it holds (True) or ``timeout_s`` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

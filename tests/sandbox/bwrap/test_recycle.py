@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 
 import pytest
 
 from sandbox import ExecResult, LocalSandbox
 from sandbox.bwrap.launcher import LaunchConfig
 from sandbox.session.box import Session
-from tests.sandbox.conftest import need_bwrap
+from tests.sandbox.conftest import need_bwrap, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +45,20 @@ def scan():
     return found
 """
 
-LEAVE_BEHIND = """
+STRAYS = """
+def strays():  # processes of the left-behind daemon, found by its command line
+    out = []
+    for p in os.listdir('/proc'):
+        if p.isdigit() and int(p) != os.getpid():
+            try:
+                cmd = open(f'/proc/{p}/cmdline', 'rb').read()
+            except OSError:
+                continue
+            out += [int(p)] if b'left-behind' in cmd else []
+    return out
+"""
+
+LEAVE_BEHIND = STRAYS + """
 import ctypes, os, socket, subprocess, sys
 for d in ('/tmp', '/workspace', '/dev/shm'):
     open(os.path.join(d, 'left-behind'), 'w').write('x')
@@ -78,20 +90,10 @@ while not os.path.exists('/tmp/daemon-up') and time.monotonic() < deadline:
     time.sleep(0.01)
 probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 probe.connect(b'\\0agent-rl-left-behind')  # the daemon is up and bound
-def strays():
-    out = []
-    for p in os.listdir('/proc'):
-        if p.isdigit() and int(p) != os.getpid():
-            try:
-                cmd = open(f'/proc/{p}/cmdline', 'rb').read()
-            except OSError:
-                continue
-            out += [int(p)] if b'left-behind' in cmd else []
-    return out
 print(len(strays()))
 """
 
-FIND_LEFTOVERS = """
+FIND_LEFTOVERS = STRAYS + """
 import ctypes, json, os, socket
 left = []
 for d in ('/tmp', '/workspace', '/dev/shm'):
@@ -106,28 +108,9 @@ try:
     left.append('abstract socket')
 except ConnectionRefusedError:
     pass
-def strays():
-    out = []
-    for p in os.listdir('/proc'):
-        if p.isdigit() and int(p) != os.getpid():
-            try:
-                cmd = open(f'/proc/{p}/cmdline', 'rb').read()
-            except OSError:
-                continue
-            out += [int(p)] if b'left-behind' in cmd else []
-    return out
 procs = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())
 print(json.dumps({'left': left, 'procs': procs, 'strays': strays(), 'global': 'left_global' in globals()}))
 """
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def back_in_pool(box: LocalSandbox, worker: object) -> bool:

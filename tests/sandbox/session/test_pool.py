@@ -10,6 +10,7 @@ import pytest
 from sandbox.limits import DEFAULT_LIMITS
 from sandbox.result import SandboxUnavailable
 from sandbox.session.pool import WorkerPool
+from tests.sandbox.conftest import wait_for
 
 
 class FakeWorker:
@@ -71,15 +72,6 @@ class FakeLauncher:
             self.running -= 1
             self.started += 1
         return self.worker_type(background)
-
-
-def wait_for(cond, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def test_fills_to_size_with_concurrent_starts() -> None:
