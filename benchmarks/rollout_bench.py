@@ -180,6 +180,9 @@ class EngineClock:
     running (other processes on the cores, or the GIL), which separates CPU contention from the
     engine doing more work. An engine that computes in other threads or processes (vLLM's
     workers) shows a low CPU/wall ratio in both the collector and the replay; compare the two.
+    It also counts the thread's minor page faults: memory the allocator handed back to the OS
+    and faulted in again, zero-filled (agent_rl.rollout.cpu_heap), is engine work the replay
+    may not do.
     """
 
     def __init__(self, engine: Any) -> None:
@@ -187,24 +190,38 @@ class EngineClock:
         self.inner = engine.generate
         self.wall = 0.0
         self.cpu = 0.0
+        self.faults = 0
+        self.calls = 0
         engine.generate = self.generate
 
     def generate(self, prompts: Any, params: Any) -> Any:
+        faults = _thread_faults()
         wall, cpu = time.perf_counter(), time.thread_time()
         try:
             return self.inner(prompts, params)
         finally:
             self.cpu += time.thread_time() - cpu
             self.wall += time.perf_counter() - wall
+            self.faults += _thread_faults() - faults
+            self.calls += 1
 
-    def take(self) -> tuple[float, float]:
-        """(wall, cpu) since the last take."""
-        out = (self.wall, self.cpu)
+    def take(self) -> tuple[float, float, float]:
+        """(wall, cpu, minor faults per call) since the last take."""
+        out = (self.wall, self.cpu, self.faults / max(self.calls, 1))
         self.wall = self.cpu = 0.0
+        self.faults = self.calls = 0
         return out
 
     def restore(self) -> None:
         self.engine.generate = self.inner
+
+
+def _thread_faults() -> int:
+    """Minor page faults of the calling thread so far (0 where RUSAGE_THREAD is missing)."""
+    import resource
+
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    return 0 if who is None else resource.getrusage(who).ru_minflt
 
 
 def replay(
@@ -247,6 +264,10 @@ class Row:
     """Engine-thread CPU seconds inside the collector's engine calls."""
     raw_cpu: list[float] = field(default_factory=list)
     """Engine-thread CPU seconds inside the replay's engine calls."""
+    faults: list[float] = field(default_factory=list)
+    """Engine-thread minor page faults per engine call in the collector."""
+    raw_faults: list[float] = field(default_factory=list)
+    """The same per call of the replay."""
 
 
 def model_dir(cfg: BenchConfig) -> str:
@@ -371,9 +392,9 @@ def measure(
             clock.take()
             settle()
             raw_s, match = replay(engine, reference, sampling, call_seed=r)
-            raw_cpu = clock.take()[1]
+            _, raw_cpu, raw_faults = clock.take()
         trajs = collect(r)
-        busy_cpu = clock.take()[1]
+        _, busy_cpu, faults = clock.take()
         stats = collector.last_stats
         bad = [t.infra_error for t in trajs if t.infra_error]
         if bad:
@@ -383,9 +404,11 @@ def measure(
         if not r % 2:
             settle()
             raw_s, match = replay(engine, trajs, sampling, call_seed=r)
-            raw_cpu = clock.take()[1]
+            _, raw_cpu, raw_faults = clock.take()
         row.busy_cpu.append(busy_cpu)
         row.raw_cpu.append(raw_cpu)
+        row.faults.append(faults)
+        row.raw_faults.append(raw_faults)
         row.wall.append(stats.wall_s)
         row.busy.append(stats.engine_busy_s)
         row.raw.append(raw_s)
@@ -478,7 +501,7 @@ def print_split(rows: list[Row]) -> None:
     med = statistics.median
     print(
         f"\n{'engine':<6} {'env':<9} {'batching':<16} {'overhead':>8} {'idle':>7} {'work':>7} {'desched':>8} "
-        f"{'cpu/wall coll':>13} {'cpu/wall raw':>12}"
+        f"{'cpu/wall coll':>13} {'cpu/wall raw':>12} {'faults/call coll':>16} {'raw':>7}"
     )
     for r in rows:
         parts = list(zip(r.wall, r.busy, r.busy_cpu, r.raw, r.raw_cpu, strict=True))
@@ -488,12 +511,13 @@ def print_split(rows: list[Row]) -> None:
         print(
             f"{r.engine:<6} {r.env:<9} {r.batching:<16} {med((w - x) / x for w, _, _, x, _ in parts):>+8.1%} "
             f"{idle:>+7.1%} {work:>+7.1%} {desched:>+8.1%} {med(bc / b for _, b, bc, _, _ in parts):>13.2f} "
-            f"{med(xc / x for *_, x, xc in parts):>12.2f}"
+            f"{med(xc / x for *_, x, xc in parts):>12.2f} {med(r.faults):>16.0f} {med(r.raw_faults):>7.0f}"
         )
     print(
         "idle = engine waiting (env steps, batching, bookkeeping; what overlap can hide); work = extra engine-thread\n"
         "  CPU time (e.g. smaller batches); desched = extra time the engine thread was runnable but off the CPU\n"
-        "  (sandbox processes, other jobs, the GIL: contention no overlap hides). All / raw generate time."
+        "  (sandbox processes, other jobs, the GIL: contention no overlap hides). All / raw generate time.\n"
+        "faults/call = the engine thread's minor page faults per engine call (memory faulted in afresh)."
     )
 
 

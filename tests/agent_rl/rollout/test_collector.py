@@ -363,3 +363,41 @@ def test_lockstep_falls_back_instead_of_deadlocking_on_a_held_resource(tokenizer
     trajs = collector.collect([1], group_size=2)
     assert [t.infra_error for t in trajs] == [None, None] and all(t.num_turns == 2 for t in trajs)
     assert collector.last_stats.lockstep_stalls == 1
+
+
+def test_engine_calls_run_on_one_thread_across_collects_never_two_at_once(tokenizer: Any) -> None:
+    """One engine thread per collector: a thread per collect() made its calls allocate from a fresh
+    malloc arena (page faults), and two concurrent collect_async() calls could run the engine at once."""
+    import asyncio
+    import threading
+
+    class Recording(ScriptedEngine):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.threads: set[int] = set()
+            self.running = self.most_running = 0
+            self.lock = threading.Lock()
+
+        def generate(self, prompts: Any, params: Any) -> Any:
+            with self.lock:
+                self.threads.add(threading.get_ident())
+                self.running += 1
+                self.most_running = max(self.most_running, self.running)
+            try:
+                time.sleep(0.01)  # room for a second call to start, were another thread serving it
+                return super().generate(prompts, params)
+            finally:
+                with self.lock:
+                    self.running -= 1
+
+    engine = Recording(tokenizer, REPLIES)
+    collector = Collector(engine, tokenizer, lambda: ScriptedToolEnv(episode_turns=2), CollectorConfig())
+    collector.collect([1, 2], group_size=2)
+    collector.collect([3], group_size=2)
+
+    async def two_at_once() -> list[Any]:
+        return await asyncio.gather(collector.collect_async([4], 2), collector.collect_async([5], 2))
+
+    assert all(len(trajs) == 2 for trajs in asyncio.run(two_at_once()))
+    assert len(engine.threads) == 1 and threading.get_ident() not in engine.threads
+    assert engine.most_running == 1
