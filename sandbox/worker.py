@@ -395,7 +395,24 @@ class _Worker:
                 continue
             view = view[n:]
 
+    def _warm_up(self):
+        """Run one throwaway cell before "ready", so that the session's first cell does not pay
+        for this process's first touch of the cell path: a worker cloned from its template shares
+        the template's pages until it writes them (copy-on-write), and its caches are cold. The
+        first cell took 1.35 ms against 0.36 ms for the second (0.40 against 0.09 ms inside
+        exec); paid here, it is boot or recycle time, which the pool spends ahead of demand.
+        Leaves no trace: its own namespace, no cell number, no kept source, output discarded."""
+        namespace, self.globals = self.globals, {"__name__": "__main__", "__builtins__": __builtins__}
+        try:
+            _loads(_dumps(self.execute({"code": "print(0)\n0", "max_output_bytes": 64})))
+        finally:
+            self.globals = namespace
+            filename, self.cell = f"<cell-{self.cell}>", 0
+            self.sources.pending.pop(filename, None)
+            getattr(sys.modules.get("linecache"), "cache", {}).pop(filename, None)
+
     def serve(self):
+        self._warm_up()
         self.send({"op": "ready", "pid": os.getpid(), "python": ".".join(map(str, sys.version_info[:3]))})
         while True:
             msg = self.recv()
