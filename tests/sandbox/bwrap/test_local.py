@@ -63,6 +63,20 @@ def test_stdout_stderr_and_subprocess_output_captured(sb: LocalSandbox) -> None:
     assert r.stderr == "err\n"
 
 
+def test_output_keeps_its_order_across_the_cells_own_writes_and_other_processes(sb: LocalSandbox) -> None:
+    """The cell's own prints go straight into the capture, other processes' output through a pipe:
+    what reached the pipe first comes first, and a forked child's prints are not lost in its copy."""
+    r = sb.run(
+        # PyDLL: write(2) with the GIL held, so the capture thread cannot drain the pipe before the print.
+        "import ctypes, os, sys\nctypes.PyDLL(None).write(1, b'fd ', 3)\nprint('own', flush=True)\n"
+        "os.system('echo shell')\nprint('end', flush=True)\n"
+        "pid = os.fork()\nif pid == 0:\n    print('child', flush=True)\n    os._exit(0)\nos.waitpid(pid, 0)\n"
+        "print('parent', file=sys.stderr)"
+    )
+    assert r.stdout == "fd own\nshell\nend\nchild\n", r
+    assert r.stderr == "parent\n"
+
+
 def test_output_truncated_with_marker(sb: LocalSandbox) -> None:
     r = sb.run("print('x' * 5000)", output_bytes=1000)
     assert r.truncated
