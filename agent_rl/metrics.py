@@ -118,7 +118,12 @@ class WandbSink:
         self.run.log({**numbers, axis: step})
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        # finish() returns before wandb's service process has written the run's last records (an
+        # offline run's file then held its header only, 1 time in 3 here); teardown waits for it.
+        wandb.teardown()
 
 
 def _lines(path: Path) -> list[str]:
