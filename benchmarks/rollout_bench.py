@@ -53,6 +53,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -218,8 +219,6 @@ class EngineClock:
 
 def _thread_faults() -> int:
     """Minor page faults of the calling thread so far (0 where RUSAGE_THREAD is missing)."""
-    import resource
-
     who = getattr(resource, "RUSAGE_THREAD", None)
     return 0 if who is None else resource.getrusage(who).ru_minflt
 

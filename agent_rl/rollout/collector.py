@@ -409,8 +409,8 @@ class Collector:
         self._engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         """Every engine call of every collect() runs on this one thread. Why not a thread per
         collect(): a new thread allocates from another malloc arena, and at the rollout bench's
-        sizes its calls took 18k page faults each against 0-6k on a thread that had made calls
-        before (+2-3% engine CPU, see agent_rl.rollout.cpu_heap); one thread also keeps calls
+        sizes its calls took 17-26k page faults each against 0-7k on a thread that had made calls
+        before (see agent_rl.rollout.cpu_heap); one thread also keeps calls
         from concurrent collect_async() calls on this collector from running at once."""
 
     def _chat_delta(self, tools: list[dict[str, Any]] | None) -> ChatDelta:

@@ -4,8 +4,8 @@ Why: torch's CPU tensors come from glibc malloc. By default glibc serves blocks 
 threshold (128 KiB to start) with their own mmap and returns them on free, and it trims free
 memory at the top of a heap back to the OS. The HF engine allocates its KV cache, the kept
 per-row caches and the prefill activations afresh on every call, so every call faulted tens of
-MiB back in, zero-filled by the kernel: 12-30k minor faults and 5-8% of a call's time at the
-rollout bench's sizes (benchmarks/rollout_bench.py prints faults per engine call). How many
+MiB back in, zero-filled by the kernel: 12-32k minor faults a call at the rollout bench's sizes,
+whose kernel time alone was 20-40 ms of a ~0.46 s call (5-9%) (benchmarks/rollout_bench.py prints faults per engine call). How many
 depended on which thread made the call (each thread allocates from its own arena), which made
 the collector's engine thread look slower than the same calls replayed from the main thread.
 

@@ -219,7 +219,7 @@ class HFEngine:
         kv_cache_bytes: most memory the kept caches may hold (least recently used go first).
         keep_freed_memory: on CPU, set this process's malloc thresholds so freed blocks under
             32 MiB are kept for reuse instead of being unmapped and faulted back in on the next
-            call (agent_rl.rollout.cpu_heap; 5-8% of a generate call at the rollout bench's sizes).
+            call (agent_rl.rollout.cpu_heap; 5-9% of a generate call at the rollout bench's sizes).
         """
         self.model = model
         self.tokenizer = tokenizer

@@ -86,6 +86,7 @@ print(faults)
 """
 
 
+@pytest.mark.slow  # two subprocesses, ~10 s
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the malloc thresholds are glibc's")
 def test_generate_calls_reuse_freed_memory_instead_of_faulting_it_back(tiny_model_dir: Path) -> None:
     """With keep_freed_memory (the default on CPU) a call after the first few faults in (almost) no
